@@ -211,15 +211,24 @@ static dt_tensor *f_softcap(dt_ctx *c, dt_tensor **in, void *u)
     return dt_softcap(c, in[0], 1.5f);
 }
 
+/* The ISA paths the CPU has (dt_k_set_isa): the window kernel's rows run 1, 8 or 16 lanes wide */
+static const dt_k_isa g_isas[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512};
+
 TEST(window_softcap_grads)
 {
-    static float cases[3][2] = {{0, 0.6f}, {2, 0.6f}, {2, 0}};
-    for (int k = 0; k < 3; k++) {
-        dt_tensor *in[1] = {T(41 + k, 2, 5, 36)};
-        char name[64];
-        snprintf(name, sizeof name, "attention, window %g, cap %g", (double)cases[k][0], (double)cases[k][1]);
-        GRADCHECK_OP(name, 1, in, f_window_attn, cases[k], 1e-2);
+    static float cases[3][2] = {{0, 0.6f}, {9, 0.6f}, {9, 0}}; /* rows of up to 10 keys: the 8-lane steps too */
+    for (int pi = 0; pi < 3; pi++) {
+        if (dt_k_set_isa(g_isas[pi]) != DT_OK)
+            continue;
+        for (int k = 0; k < 3; k++) {
+            dt_tensor *in[1] = {T(41 + k, 1, 10, 36)};
+            char name[96];
+            snprintf(name, sizeof name, "attention, window %g, cap %g (%s)", (double)cases[k][0],
+                     (double)cases[k][1], dt_k_isa_name(g_isas[pi]));
+            GRADCHECK_OP(name, 1, in, f_window_attn, cases[k], 1e-2);
+        }
     }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
     dt_tensor *in[1] = {T(45, 3, 7)};
     GRADCHECK_OP("softcap", 1, in, f_softcap, NULL, 1e-2);
 }
@@ -235,15 +244,18 @@ TEST(window_softcap_forward_reference)
 {
     dt_ctx *ctx;
     ASSERT_OK(dt_ctx_init(NULL, &ctx));
-    enum { B = 2, TT = 6, H = 2, D = 8, C = H * D };
+    enum { B = 2, TT = 21, H = 2, D = 8, C = H * D }; /* rows of up to 21 keys: 8- and 16-lane steps and tails */
     dt_tensor *qkv = gc_tensor(3, SH(B, TT, 3 * C), 44, false);
     const float *x = qkv->data;
     const double scale = 1 / sqrt((double)D);
     const struct {
         int64_t window;
         double cap;
-    } cases[4] = {{0, 0.8}, {3, 0.8}, {3, 0}, {1, 0}};
-    for (int k = 0; k < 4; k++) {
+    } cases[4] = {{0, 0.8}, {11, 0.8}, {11, 0}, {1, 0}};
+    for (int kk = 0; kk < 12; kk++) { /* each case on each ISA path the CPU has */
+        const int k = kk % 4;
+        if (dt_k_set_isa(g_isas[kk / 4]) != DT_OK)
+            continue;
         const double cap = cases[k].cap;
         const int64_t w = cases[k].window;
         dt_tensor *y = dt_attention_window(ctx, qkv, H, w, (float)cap);
@@ -270,10 +282,11 @@ TEST(window_softcap_forward_reference)
                         worst = fmax(worst, fabs(dt_tensor_get(y, (b * TT + i) * C + h * D + e) - o));
                     }
                 }
-        fprintf(stderr, "  attention, window %lld, cap %g: within %.3g of the double reference\n", (long long)w, cap,
-                worst);
+        fprintf(stderr, "  attention, window %lld, cap %g (%s): within %.3g of the double reference\n", (long long)w,
+                cap, dt_k_isa_name(g_isas[kk / 4]), worst);
         ASSERT(worst <= 2e-6);
     }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
     /* a window of T or more without a cap: dt_attention's kernel; a shorter one differs */
     dt_tensor *r = dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
     dt_tensor *full = dt_attention_window(ctx, qkv, H, TT, 0.0f), *none = dt_attention_window(ctx, qkv, H, 0, 0.0f);
@@ -292,8 +305,8 @@ TEST(window_softcap_forward_reference)
         ASSERT_NEAR(dt_tensor_get(a, i), dt_tensor_get(r, i), 2e-6, 1e-5);
     /* bf16: the f32 op on the widened input, rounded once */
     dt_tensor *qb = dt_cast(ctx, qkv, DT_BF16);
-    dt_tensor *yb = dt_attention_window(ctx, qb, H, 3, 0.8f);
-    dt_tensor *yr = dt_cast(ctx, dt_attention_window(ctx, dt_cast(ctx, qb, DT_F32), H, 3, 0.8f), DT_BF16);
+    dt_tensor *yb = dt_attention_window(ctx, qb, H, 11, 0.8f);
+    dt_tensor *yr = dt_cast(ctx, dt_attention_window(ctx, dt_cast(ctx, qb, DT_F32), H, 11, 0.8f), DT_BF16);
     ASSERT(yb && yr && yb->dtype == DT_BF16);
     for (int i = 0; i < B * TT * C; i++)
         ASSERT(dt_tensor_get(yb, i) == dt_tensor_get(yr, i));
