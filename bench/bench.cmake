@@ -139,3 +139,11 @@ set_target_properties(bench_isa_peak PROPERTIES OUTPUT_NAME isa_peak
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_isa_peak PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_isa_peak PRIVATE Threads::Threads)
+# dt_attention_window (a soft cap or a sliding window: the plain kernel)
+# beside the blocked causal kernel; bench/attn_window_peer.sh sets them
+# beside PyTorch's eager soft-capped attention (Gemma 2's).
+add_executable(bench_attn_window ${CMAKE_CURRENT_LIST_DIR}/attn_window.c)
+set_target_properties(bench_attn_window PROPERTIES OUTPUT_NAME attn_window
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_attn_window PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_attn_window PRIVATE dtrain_static)
