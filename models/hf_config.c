@@ -282,8 +282,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const bool gemma = !strcmp(arch, "GemmaForCausalLM"), phi3 = !strcmp(arch, "Phi3ForCausalLM");
     const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM"), gemma2 = !strcmp(arch, "Gemma2ForCausalLM");
     memset(c, 0, sizeof *c);
-    /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Phi3Config's and Olmo2Config's where they
-       differ */
+    /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Phi3Config's and Olmo2Config's
+       where they differ */
     c->vocab_size = get_int(r, o, "vocab_size",
                             gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064 : olmo2 ? 50304 : 32000, 1, big);
     c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : 4096, 1, big);

@@ -87,8 +87,6 @@ typedef struct {
     int layer;
 } kv_step;
 
-/* What the forwards read: the root owns it (dt_nn_custom_owned), the
- * attention modules borrow it. */
 struct llama_rt;
 
 /* A layer's attention's view of the runtime config: its sliding window */
@@ -97,6 +95,8 @@ typedef struct {
     int64_t window; /* > 0: query i sees the keys (i - window, i]; 0: every earlier one */
 } attn_ud;
 
+/* What the forwards read: the root owns it (dt_nn_custom_owned), the
+ * modules borrow it (the attention modules their attn_ud in it). */
 typedef struct llama_rt {
     dt_llama_config c;
     attn_ud *attn;   /* each layer's (num_hidden_layers of them) */
@@ -412,7 +412,6 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
                  dt_dtype_name(idx->dtype));
         return NULL;
     }
-    /* a cached generation step: the cache's window bounds attention, the sequence runs to the positions */
     if (idx->shape[1] < 1 || idx->shape[1] > max_len(&rt->c)) {
         dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (max_position_embeddings)",
                  (long long)idx->shape[1], (long long)max_len(&rt->c));
@@ -577,15 +576,6 @@ bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
     return true;
 }
 
-int64_t dt__llama_window(const dt_model *m)
-{
-    int64_t P, V;
-    if (!dt_llama_positions(m, &P, &V))
-        return 0;
-    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
-    return windowed(&rt->c) ? rt->c.sliding_window : 0;
-}
-
 bool dt__llama_kv_shape(const dt_model *m, dt__llama_kv_info *out)
 {
     int64_t P, V;
@@ -595,7 +585,7 @@ bool dt__llama_kv_shape(const dt_model *m, dt__llama_kv_info *out)
     *out = (dt__llama_kv_info){.L = (int)rt->c.num_hidden_layers,
                                .row = rt->c.num_key_value_heads * rt->c.head_dim,
                                .positions = rt->c.max_position_embeddings,
-                               .window = dt__llama_window(m),
+                               .window = windowed(&rt->c) ? rt->c.sliding_window : 0,
                                .restart = rt->c.rope_type == DT_ROPE_LONGROPE
                                               ? rt->c.rope_original_max_position_embeddings : 0,
                                .full = rt->c.full_attention_layers,

@@ -125,7 +125,6 @@ typedef struct {
     float softcap;
 } dt__llama_kv_info;
 bool dt__llama_kv_shape(const dt_model *m, dt__llama_kv_info *out);
-int64_t dt__llama_window(const dt_model *m);
 dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n);
 
 /* dt_model_generate's logits processors (generate.c), transformers' in its order: the repetition penalty
