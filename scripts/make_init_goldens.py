@@ -27,6 +27,11 @@ Cases (seed 0, dropout 0):
   phi3          the same sizes as Phi3ForCausalLM(Phi3Config(...)), untied:
                 one qkv_proj and one gate_up_proj (dtrain: fused), no
                 padding row
+  gemma2        the same sizes as Gemma2ForCausalLM(Gemma2Config(...)): tied,
+                pad_token_id 0 (Gemma2Config's), four norms a layer at 0
+  olmo2         the same sizes as Olmo2ForCausalLM(Olmo2Config(...)): untied,
+                pad_token_id 1 (Olmo2Config's), q_norm/k_norm over the whole
+                projections
 
 Usage: $PEER_PYTHON scripts/make_init_goldens.py [tests/data/torch_init/goldens.txt]
 (the file records the transformers and torch that wrote it).
@@ -36,8 +41,8 @@ import sys
 
 import torch
 import transformers
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          Olmo2Config, Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 transformers.logging.set_verbosity_error()
 
@@ -64,6 +69,14 @@ CASES = [
                                                 max_position_embeddings=128, rms_norm_eps=1e-5,
                                                 initializer_range=0.02, tie_word_embeddings=False,
                                                 pad_token_id=None))),
+    ("gemma2", lambda: Gemma2ForCausalLM(Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=176,
+                                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                      head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,
+                                                      initializer_range=0.02))),
+    ("olmo2", lambda: Olmo2ForCausalLM(Olmo2Config(vocab_size=512, hidden_size=64, intermediate_size=176,
+                                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                   max_position_embeddings=128, rms_norm_eps=1e-5,
+                                                   initializer_range=0.02))),
 ]
 
 

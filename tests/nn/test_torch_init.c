@@ -128,6 +128,8 @@ TEST(gpt2_starts_from_transformers_weights)
  * Phi-3's: one qkv_proj and one gate_up_proj, drawn in its constructors'
  * order (o_proj first); pad >= 0: tied, that pad_token_id (llama_pad: the
  * padding row starts at zero). */
+static void config_case(const char *name_case, const dt_llama_config *c);
+
 static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2, bool phi3, int64_t pad)
 {
     dt_llama_config c;
@@ -139,6 +141,14 @@ static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2,
     c.qkv_bias_only = qwen2;
     c.mlp_bias = tied_with_biases;
     c.fused = phi3;
+    config_case(name_case, &c);
+}
+
+/* The case's transformers model built from c (dt_llama_create), drawn with
+ * torch's stream; a meta build's ranges the same. */
+static void config_case(const char *name_case, const dt_llama_config *cp)
+{
+    const dt_llama_config c = *cp;
     dt_model *m, *mm;
     ASSERT_OK(dt_llama_create(&c, 7, NULL, &m, NULL));
     ASSERT_OK(dt_model_init_torch(m, 0));
@@ -158,6 +168,26 @@ TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llam
 TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true, false, -1); }
 TEST(phi3_starts_from_transformers_weights) { llama_case("phi3", false, false, true, -1); }
 TEST(llama_padding_row_starts_from_transformers_weights) { llama_case("llama_pad", false, false, false, 0); }
+
+/* Gemma 2 (tied, pad_token_id 0, its four norms a layer at 0) and OLMo 2
+ * (untied, pad_token_id 1, whole-projection q_norm/k_norm at 1): the same
+ * draws as Llama's (their norms draw nothing), in their constructors'
+ * order */
+TEST(gemma2_and_olmo2_start_from_transformers_weights)
+{
+    dt_llama_config c;
+    ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
+    c.gemma = c.gemma2 = true;
+    c.tie_word_embeddings = c.has_pad_token = true;
+    c.pad_token_id = 0;
+    c.query_pre_attn_scalar = 256, c.attn_logit_softcapping = 50, c.final_logit_softcapping = 30;
+    config_case("gemma2", &c);
+    ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
+    c.olmo2 = true;
+    c.has_pad_token = true;
+    c.pad_token_id = 1;
+    config_case("olmo2", &c);
+}
 
 /* dt_module_set_param_padding_row: the row is zero after every init (Philox
  * at build and through dt_model_init_range on shards that cut the row,
@@ -316,6 +346,7 @@ int main(void)
     RUN(qwen2_starts_from_transformers_weights);
     RUN(phi3_starts_from_transformers_weights);
     RUN(llama_padding_row_starts_from_transformers_weights);
+    RUN(gemma2_and_olmo2_start_from_transformers_weights);
     RUN(padding_row_is_zero_after_init);
     RUN(build_leaves_random_init_to_torch);
     RUN(torch_init_recipe_checks);
