@@ -167,6 +167,22 @@ static inline __attribute__((always_inline)) void transpose_head(const float *qk
             xt[e * T + j] = x[j * ld + e];
 }
 
+/* out[j] = x . m_j for n keys j, m transposed ([D] rows of stride T): D
+ * multiply-adds along the keys, in e order (the scores' q . k_j, the
+ * backward's dy_i . v_j) */
+static inline __attribute__((always_inline)) void along_keys(const float *x, const float *mt, int64_t T, int64_t D,
+                                                             int64_t n, float *restrict out)
+{
+    for (int64_t j = 0; j < n; j++)
+        out[j] = 0.0f;
+    for (int64_t e = 0; e < D; e++) {
+        const float a = x[e], *restrict m = mt + e * T;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++)
+            out[j] += a * m[j];
+    }
+}
+
 /* Query i's scores over keys [j0, i] into s[j0..i] (the same arithmetic
  * forward and backward: the backward's probabilities are the forward's);
  * t[j], when not NULL, the tanh of each (capped scores only). */
@@ -176,14 +192,7 @@ static inline __attribute__((always_inline)) void row_scores(int vec, const floa
 {
     const int64_t n = i + 1 - j0;
     float *restrict r = s + j0;
-    for (int64_t j = 0; j < n; j++)
-        r[j] = 0.0f;
-    for (int64_t e = 0; e < D; e++) {
-        const float q = qi[e], *restrict k = kt + e * T + j0;
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++)
-            r[j] += q * k[j];
-    }
+    along_keys(qi, kt + j0, T, D, n, r);
     if (cap > 0.0f) {
         cap_row(vec, r, t ? t + j0 : NULL, n, scale, cap);
     } else {
@@ -243,14 +252,7 @@ static inline __attribute__((always_inline)) void bwd_head_body(int vec, const f
         row_scores(vec, qi, kt, T, D, j0, i, scale, cap, s, t);
         float *restrict P = s + j0, *restrict th = t + j0, *restrict dS = u + j0;
         exp_row(vec, P, n, L);
-        for (int64_t j = 0; j < n; j++) /* dy_i . v_j along the keys */
-            dS[j] = 0.0f;
-        for (int64_t e = 0; e < D; e++) {
-            const float g = dyi[e], *restrict v = vt + e * T + j0;
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++)
-                dS[j] += g * v[j];
-        }
+        along_keys(dyi, vt + j0, T, D, n, dS); /* dy_i . v_j */
         if (cap > 0.0f) {
 #pragma omp simd
             for (int64_t j = 0; j < n; j++)
