@@ -433,6 +433,46 @@ TEST(gemma2_save_hf_tp_and_pp)
     ASSERT_STR_CONTAINS(r.err, "attention soft-capping");
 }
 
+/* The 20-token prompt of the sliding-window goldens (longer than their window of 16): 3,10,17,... */
+static const char *prompt20(void)
+{
+    static char p[200] = "";
+    if (!p[0]) /* made once */
+        for (int i = 0; i < 20; i++)
+            snprintf(p + strlen(p), sizeof p - strlen(p), "%s%d", i ? "," : "", (i * 7 + 3) % 128);
+    return p;
+}
+
+/* A golden generation: the prompt (NULL: prompt20), the options, transformers' new tokens */
+typedef struct {
+    const char *prompt, *opts[10], *want;
+} gen_golden;
+
+/* `generate --temperature 0` on hf:HF<model> for each case, with the key/value cache and then without: both
+ * give transformers' tokens */
+static void generate_goldens(const char *model, const gen_golden *cases, size_t ncases)
+{
+    static cli_result r;
+    char m[300];
+    snprintf(m, sizeof m, "hf:" HF "%s", model);
+    for (size_t k = 0; k < 2 * ncases; k++) { /* with the cache, then without */
+        const size_t i = k % ncases;
+        char *args[24] = {"generate", "--model", m, "--prompt-ids",
+                          (char *)(cases[i].prompt ? cases[i].prompt : prompt20()), "--temperature", "0",
+                          "--kv-cache", k == i ? "on" : "off"};
+        int n = 9;
+        for (int j = 0; cases[i].opts[j]; j++)
+            args[n++] = (char *)cases[i].opts[j];
+        args[n] = NULL;
+        cli_runv(&r, 60, NULL, args);
+        if (r.code != 0 || !strstr(r.out, cases[i].want))
+            fprintf(stderr, "  %s case %zu (cache %s): got %s%s, transformers %s", model, i, args[8], r.out, r.err,
+                    cases[i].want);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, cases[i].want);
+    }
+}
+
 /* Gemma 2's sliding layers (0 and 2 of the golden's 3; window 16) and its full one, as transformers generates
  * past the window: transformers 5.25's model.generate(ids, do_sample=False, pad_token_id=0, ...) (torch 2.15, CPU)
  * gave these new tokens, once, for the prompts 5 6 7 and a 20-token one (longer than the window): greedy with
@@ -441,38 +481,18 @@ TEST(gemma2_save_hf_tp_and_pp)
  * 54 54 113 113 18 ... */
 TEST(generate_gemma2)
 {
-    static cli_result r;
-    static char p20[200] = "";
-    for (int i = 0; i < 20; i++)
-        snprintf(p20 + strlen(p20), sizeof p20 - strlen(p20), "%s%d", i ? "," : "", (i * 7 + 3) % 128);
-    static const struct {
-        const char *prompt, *opts[8], *want;
-    } cases[] = {
+    static const gen_golden cases[] = {
         {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"},
          "| 7 49 49 7 16 82 82 44 44 8 8 111 111 123 123 48 48 63 63 48 123 53 53 24 24 65 65 24 54 54 24 51 51 7 56 "
          "56 7 93 93 41\n"},
-        {p20, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
+        {NULL, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
          "| 113 113 18 18 113 118 118 113 78 78 113 42 42 103 103 76 76 61 61 76\n"},
         {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"},
          "| 16 16 95 95 67 27 27 48 48 63 48 2\n"},
-        {p20, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
+        {NULL, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
          "| 54 54 113 18 18 113 113 118 113 78 113 65 65 14 97 97 99 99 55 55\n"},
     };
-    for (size_t k = 0; k < 2 * (sizeof cases / sizeof cases[0]); k++) { /* with the cache, then without */
-        const size_t i = k % (sizeof cases / sizeof cases[0]);
-        char *args[20] = {"generate", "--model", "hf:" HF "gemma2", "--prompt-ids", (char *)cases[i].prompt,
-                          "--temperature", "0", "--kv-cache", k == i ? "on" : "off"};
-        int n = 9;
-        for (int j = 0; cases[i].opts[j]; j++)
-            args[n++] = (char *)cases[i].opts[j];
-        args[n] = NULL;
-        cli_runv(&r, 60, NULL, args);
-        if (r.code != 0 || !strstr(r.out, cases[i].want))
-            fprintf(stderr, "  case %zu (cache %s): got %s%s, transformers %s", i, args[8], r.out, r.err,
-                    cases[i].want);
-        ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, cases[i].want);
-    }
+    generate_goldens("gemma2", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
@@ -833,51 +853,20 @@ TEST(generate_processors_and_beams)
 TEST(generate_sliding_window)
 {
     static cli_result r;
-    static char p20[200] = "";
-    for (int i = 0; i < 20; i++)
-        snprintf(p20 + strlen(p20), sizeof p20 - strlen(p20), "%s%d", i ? "," : "", (i * 7 + 3) % 128);
-    static const struct {
-        const char *prompt, *opts[10], *want;
-    } cases[] = {
+    static const gen_golden cases[] = {
         {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"},
          "| 53 28 92 74 87 83 11 115 48 23 94 57 33 53 1 29 11 28 26 92 104 27 29 83 74 120 54 44 40 21 109 115 77 39 "
          "123 59 117 87 27 20\n"},
-        {p20, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
+        {NULL, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
          "| 50 82 82 59 7 96 29 11 28 31 100 96 12 77 39 123 59 117 87 83\n"},
         {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"},
          "| 96 124 109 115 48 23 3 22 124 1 115 77 39 60 88 33 53 28 89 82 82 59 117 87 83 11 119 105 109 53\n"},
-        {p20, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
+        {NULL, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
          "| 50 82 82 59 7 96 20 116 51 59 117 87 83 11 115 48 23 94 45 53\n"},
         {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--eos-id", "83", "--length-penalty", "2"},
          "| 96 124 109 115 48 23 3 22 124 109 115 48 23 3 22 104 6 109 115 48 23 19 11 115 48 23 19 11 115 48\n"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *args[20] = {"generate", "--model", "hf:" HF "mistral", "--prompt-ids", (char *)cases[i].prompt,
-                          "--temperature", "0"};
-        int n = 7;
-        for (int j = 0; cases[i].opts[j]; j++)
-            args[n++] = (char *)cases[i].opts[j];
-        args[n] = NULL;
-        cli_runv(&r, 60, NULL, args);
-        if (r.code != 0 || !strstr(r.out, cases[i].want))
-            fprintf(stderr, "  case %zu: got %s%s, transformers %s", i, r.out, r.err, cases[i].want);
-        ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, cases[i].want);
-    }
-    /* uncached (the forward's sliding-window attention over the whole sequence): the same tokens */
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *args[20] = {"generate", "--model", "hf:" HF "mistral", "--prompt-ids", (char *)cases[i].prompt,
-                          "--temperature", "0", "--kv-cache", "off"};
-        int n = 9;
-        for (int j = 0; cases[i].opts[j]; j++)
-            args[n++] = (char *)cases[i].opts[j];
-        args[n] = NULL;
-        cli_runv(&r, 60, NULL, args);
-        if (r.code != 0 || !strstr(r.out, cases[i].want))
-            fprintf(stderr, "  case %zu uncached: got %s%s, transformers %s", i, r.out, r.err, cases[i].want);
-        ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, cases[i].want);
-    }
+    generate_goldens("mistral", cases, sizeof cases / sizeof cases[0]);
     /* inside the window both run, to the same tokens */
     static char on[sizeof r.out];
     cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "mistral", "--prompt-ids", "5,6,7",
