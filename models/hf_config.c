@@ -197,25 +197,13 @@ static void read_yarn(cfg_reader *r, const cJSON *rs, const char *where, dt_llam
                          "beta_fast and beta_slow must give positive numbers", r->path, where);
 }
 
-/* rope_theta and rope_scaling, or transformers 5's rope_parameters; phi3:
+/* The scaling rs (rope_scaling's object or rope_parameters', named where;
+ * NULL or null: none): its rope_type and that type's keys into c. phi3:
  * Phi3Config's reading (its "su" and "yarn" are longrope, the only scaling
  * it has). */
-static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
+static void read_scaling(cfg_reader *r, const cJSON *rs, const char *where, dt_llama_config *c, bool phi3)
 {
-    const cJSON *rp = item(r->root, "rope_parameters"), *rs = item(r->root, "rope_scaling");
-    const char *where = "rope_scaling";
-    if (rp && !cJSON_IsNull(rp)) {
-        if (!cJSON_IsObject(rp)) {
-            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"rope_parameters\" must be an object", r->path);
-            return;
-        }
-        c->rope_theta = get_num(r, rp, "rope_theta", get_num(r, r->root, "rope_theta", c->rope_theta));
-        rs = rp;
-        where = "rope_parameters";
-    } else {
-        c->rope_theta = get_num(r, r->root, "rope_theta", c->rope_theta);
-    }
-    if (!rs || cJSON_IsNull(rs))
+    if (r->st < 0 || !rs || cJSON_IsNull(rs))
         return;
     if (!cJSON_IsObject(rs)) {
         r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be an object or null", r->path, where);
@@ -274,18 +262,72 @@ static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
                                                           "original_max_position_embeddings" : "");
 }
 
+/* rope_theta and rope_scaling, or transformers 5's rope_parameters */
+static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
+{
+    const cJSON *rp = item(r->root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp)) {
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"rope_parameters\" must be an object", r->path);
+            return;
+        }
+        c->rope_theta = get_num(r, rp, "rope_theta", get_num(r, r->root, "rope_theta", c->rope_theta));
+        read_scaling(r, rp, "rope_parameters", c, phi3);
+    } else {
+        c->rope_theta = get_num(r, r->root, "rope_theta", c->rope_theta);
+        read_scaling(r, item(r->root, "rope_scaling"), "rope_scaling", c, phi3);
+    }
+}
+
+/* Gemma3TextConfig's two kinds of RoPE: the full layers' rope_theta (1e6)
+ * with rope_scaling, the sliding layers' rope_local_base_freq (1e4) without;
+ * or transformers 5's rope_parameters with one object per layer kind
+ * ("full_attention", "sliding_attention"; a missing one takes the top-level
+ * keys' values, a legacy rope_scaling still scales the full layers, as
+ * Gemma3TextConfig reads them). A flat rope_parameters is refused: Gemma3TextConfig
+ * would ignore its rope_theta. */
+static void read_gemma3_rope(cfg_reader *r, dt_llama_config *c)
+{
+    const cJSON *rp = item(r->root, "rope_parameters"), *rs = item(r->root, "rope_scaling");
+    const cJSON *full = NULL, *slide = NULL;
+    if (rp && !cJSON_IsNull(rp)) {
+        full = item(rp, "full_attention"), slide = item(rp, "sliding_attention");
+        if (!cJSON_IsObject(rp) || (!full && !slide) || (full && !cJSON_IsNull(full) && !cJSON_IsObject(full)) ||
+            (slide && !cJSON_IsNull(slide) && !cJSON_IsObject(slide))) {
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"rope_parameters\" must be an object of one object per layer "
+                             "kind (\"full_attention\", \"sliding_attention\") for Gemma 3", r->path);
+            return;
+        }
+    }
+    c->rope_theta = get_num(r, full, "rope_theta", get_num(r, r->root, "rope_theta", 1e6));
+    c->rope_local_theta = get_num(r, slide, "rope_theta", get_num(r, r->root, "rope_local_base_freq", 1e4));
+    if (r->st >= 0 && !(c->rope_local_theta > 0.0))
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a number > 0", r->path,
+                         slide ? "rope_parameters.sliding_attention.rope_theta" : "rope_local_base_freq");
+    const char *type = get_str(r, slide, "rope_type", "default");
+    if (r->st >= 0 && strcmp(type, "default"))
+        unsupported(r, "rope_parameters.sliding_attention.rope_type", "Gemma 3's sliding layers rotate with the "
+                    "default RoPE only (their base unscaled)");
+    if (rs && !cJSON_IsNull(rs))
+        read_scaling(r, rs, "rope_scaling", c, false);
+    else
+        read_scaling(r, full, "rope_parameters.full_attention", c, false);
+}
+
 static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
 {
     const cJSON *o = r->root;
     const int64_t big = INT32_MAX;
     const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
     const bool gemma = !strcmp(arch, "GemmaForCausalLM"), phi3 = !strcmp(arch, "Phi3ForCausalLM");
-    const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM"), gemma2 = !strcmp(arch, "Gemma2ForCausalLM");
+    const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM"), gemma3 = !strcmp(arch, "Gemma3ForCausalLM");
+    const bool gemma2 = !strcmp(arch, "Gemma2ForCausalLM") || gemma3; /* Gemma 3: Gemma 2's block and more */
     memset(c, 0, sizeof *c);
-    /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Phi3Config's and Olmo2Config's
-       where they differ */
+    /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Gemma3TextConfig's,
+       Phi3Config's and Olmo2Config's where they differ */
     c->vocab_size = get_int(r, o, "vocab_size",
-                            gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064 : olmo2 ? 50304 : 32000, 1, big);
+                            gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064
+                                : olmo2 ? 50304 : 32000, 1, big);
     c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : 4096, 1, big);
     c->intermediate_size = get_int(r, o, "intermediate_size",
                                    gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192 : 11008, 1, big);
@@ -297,7 +339,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
                                 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
-                                         gemma || gemma2 ? 8192 : qwen3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
+                                         gemma3 ? 131072 : gemma || gemma2 ? 8192 : qwen3 ? 32768 : phi3 ? 4096
+                                             : 2048, 1, big);
     c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = 10000.0;
@@ -319,23 +362,27 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         else if (r->st >= 0 && (int64_t)w != c->head_dim)
             c->rotary_dim = (int64_t)w; /* int() truncates, as transformers' */
     }
-    read_rope(r, c, phi3);
+    if (gemma3)
+        read_gemma3_rope(r, c);
+    else
+        read_rope(r, c, phi3);
     c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
     c->qkv_bias_only = qwen2;
-    c->qk_norm = qwen3;
+    c->qk_norm = qwen3 || gemma3;
     c->olmo2 = olmo2;
     c->gemma = gemma || gemma2;
     c->gemma2 = gemma2;
     c->fused = phi3;
     const cJSON *pad = item(o, "pad_token_id");
-    if ((gemma || gemma2 || phi3 || olmo2) && !pad) { /* Gemma(2)Config's pad_token_id 0, Phi3Config's 32000,
+    if ((gemma || gemma2 || phi3 || olmo2) && !pad) { /* Gemma(2, 3)Config's pad_token_id 0, Phi3Config's 32000,
                                                          Olmo2Config's 1 */
         c->pad_token_id = gemma || gemma2 ? 0 : olmo2 ? 1 : 32000;
         c->has_pad_token = c->pad_token_id < c->vocab_size;
         if (!c->has_pad_token)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: %s's default %lld is outside the "
                              "vocabulary (vocab_size %lld); give it (null for none)", r->path,
-                             gemma ? "GemmaConfig" : gemma2 ? "Gemma2Config" : olmo2 ? "Olmo2Config" : "Phi3Config",
+                             gemma ? "GemmaConfig" : gemma3 ? "Gemma3TextConfig" : gemma2 ? "Gemma2Config"
+                             : olmo2 ? "Olmo2Config" : "Phi3Config",
                              (long long)c->pad_token_id, (long long)c->vocab_size);
     } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
         c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
@@ -366,18 +413,20 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         }
     }
     c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma || gemma2);
-    if (gemma2) { /* Gemma2Config: hidden_activation (a hidden_act is not read), the scale, the soft caps */
+    if (gemma2) { /* Gemma2Config, Gemma3TextConfig: hidden_activation (a hidden_act is not read), the scale,
+                     the soft caps (Gemma 3's none by default) */
         const char *act = get_str(r, o, "hidden_activation", "gelu_pytorch_tanh");
         if (r->st >= 0 && strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_python_tanh"))
-            unsupported(r, "hidden_activation", "only GELU's tanh form is supported for Gemma 2 "
+            unsupported(r, "hidden_activation", "only GELU's tanh form is supported for Gemma 2 and 3 "
                         "(\"gelu_pytorch_tanh\" or \"gelu_python_tanh\")");
         c->query_pre_attn_scalar = get_num(r, o, "query_pre_attn_scalar", 256.0);
-        c->attn_logit_softcapping = get_num_or_none(r, o, "attn_logit_softcapping", 50.0);
-        c->final_logit_softcapping = get_num_or_none(r, o, "final_logit_softcapping", 30.0);
+        c->attn_logit_softcapping = get_num_or_none(r, o, "attn_logit_softcapping", gemma3 ? 0.0 : 50.0);
+        c->final_logit_softcapping = get_num_or_none(r, o, "final_logit_softcapping", gemma3 ? 0.0 : 30.0);
         const char *key[3] = {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"};
         const double v[3] = {c->query_pre_attn_scalar, c->attn_logit_softcapping, c->final_logit_softcapping};
         for (int k = 0; k < 3 && r->st >= 0; k++)
-            if (!(v[k] > 0.0) && !(k > 0 && v[k] == 0.0 && cJSON_IsNull(item(o, key[k]))))
+            if (!(v[k] > 0.0) && !(k > 0 && v[k] == 0.0 && (cJSON_IsNull(item(o, key[k])) ||
+                                                            (gemma3 && !item(o, key[k])))))
                 r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a number > 0%s", r->path, key[k],
                                  k ? " (or null for none)" : "");
         if (get_bool(r, o, "use_bidirectional_attention", false))
@@ -402,14 +451,15 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     if (get_int(r, o, "pretraining_tp", 1, 0, big) > 1)
         unsupported(r, "pretraining_tp", "pretraining_tp > 1 is not supported (1 only)");
     /* Sliding windows: Mistral's (and Phi-3's) on every layer, Qwen2's and Qwen3's with use_sliding_window on
-       the layers from max_window_layers on, Gemma 2's on every other layer from the first, or on those
-       layer_types names (LlamaConfig has none: the key is ignored, as transformers ignores it). The forward
-       takes sequences up to the window, where it is causal attention (llama.c); the cache's generation past
-       it keeps the layers' kinds apart (full_attention_layers). */
+       the layers from max_window_layers on, Gemma 2's on every other layer from the first, Gemma 3's on all but
+       every sliding_window_pattern-th (6), or on those layer_types names (LlamaConfig has none: the key is
+       ignored, as transformers ignores it). The layers' kinds (full_attention_layers) set each one's window in
+       the forward and the cache (llama.c) and Gemma 3's RoPE base, with a window or without. */
     const bool mistral = !strcmp(arch, "MistralForCausalLM");
     const cJSON *swv = item(o, "sliding_window");
     int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2) || (swv && cJSON_IsNull(swv))
                      ? 0 : get_int(r, o, "sliding_window", gemma2 ? 4096 : 0, 0, INT64_MAX / 2);
+    const int64_t pattern = gemma3 ? get_int(r, o, "sliding_window_pattern", 6, 1, big) : 0;
     if ((qwen2 || qwen3) && !get_bool(r, o, "use_sliding_window", false))
         sw = 0;
     if (qwen2 || qwen3 || gemma2) {
@@ -429,13 +479,16 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL;
         for (int64_t i = 0; i < L && r->st >= 0; i++, e = e ? e->next : NULL) {
             /* the configs' defaults, or the list */
-            const bool full = e ? !strcmp(e->valuestring, "full_attention") : gemma2 ? i % 2 == 1 : i < from;
+            const bool full = e ? !strcmp(e->valuestring, "full_attention")
+                              : gemma3 ? (i + 1) % pattern == 0 : gemma2 ? i % 2 == 1 : i < from;
             any |= !full;
             if (i < DT_LLAMA_MAX_LAYERS)
                 c->full_attention_layers[i] = full;
         }
-        if (!any)
+        if (!any) {
             sw = 0;
+            c->rope_local_theta = 0.0; /* no sliding layer to rotate otherwise */
+        }
     }
     c->sliding_window = sw;
 }
@@ -500,6 +553,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
              : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
              : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "gemma2") ? "Gemma2ForCausalLM"
+             : !strcmp(mt, "gemma3_text") ? "Gemma3ForCausalLM" : !strcmp(mt, "gemma3") ? "Gemma3ForConditionalGeneration"
              : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
              : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
              : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
@@ -515,19 +569,20 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
                    !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM") ||
                    !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Gemma2ForCausalLM") ||
-                   !strcmp(arch, "Phi3ForCausalLM") ||
+                   !strcmp(arch, "Gemma3ForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
                    !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
         } else {
-            const bool later_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
+            const bool mm_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                            "GemmaForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
-                            "Olmo2ForCausalLM, GPT2LMHeadModel)%s", path, arch,
-                            later_gemma ? "; of Gemma only Gemma 1 and 2 (model_type \"gemma\", \"gemma2\"): "
-                            "Gemma 3 has q and k norms, local RoPE and short sliding windows" : "");
+                            "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
+                            "GraniteForCausalLM, Olmo2ForCausalLM, GPT2LMHeadModel)%s", path, arch,
+                            mm_gemma ? "; of Gemma 3 only the text model (Gemma3ForCausalLM, model_type "
+                            "\"gemma3_text\": the 1B, or a text-only export); the image-text models' vision tower is "
+                            "not supported" : "");
         }
     }
     /* the special tokens, kept for the export (hf_save.c) as they are given */

@@ -180,10 +180,12 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3"
                        : !strcmp(h->architecture, "GemmaForCausalLM") ? "gemma"
                        : !strcmp(h->architecture, "Gemma2ForCausalLM") ? "gemma2"
+                       : !strcmp(h->architecture, "Gemma3ForCausalLM") ? "gemma3_text"
                        : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3"
                        : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite"
                        : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2" : "llama";
-        const bool gemma2 = !strcmp(mt, "gemma2"), gemma = !strcmp(mt, "gemma") || gemma2;
+        const bool gemma3 = !strcmp(mt, "gemma3_text"), gemma2 = !strcmp(mt, "gemma2") || gemma3;
+        const bool gemma = !strcmp(mt, "gemma") || gemma2;
         const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite"), olmo2 = !strcmp(mt, "olmo2");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
@@ -194,12 +196,15 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->num_key_value_heads);
         cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
         cJSON_AddStringToObject(o, "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
-        if (gemma2) /* Gemma2Config reads this one */
+        if (gemma2) /* Gemma2Config and Gemma3TextConfig read this one */
             cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh");
         cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
         cJSON_AddNumberToObject(o, "initializer_range", fnum(c->initializer_range));
         cJSON_AddNumberToObject(o, "rms_norm_eps", fnum(c->rms_norm_eps));
         cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        if (gemma3) /* the sliding layers' base (Gemma3TextConfig reads the legacy key into rope_parameters) */
+            cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta > 0.0 ? c->rope_local_theta
+                                                                                         : c->rope_theta);
         if (c->rope_type == DT_ROPE_DEFAULT) {
             cJSON_AddNullToObject(o, "rope_scaling");
         } else {
@@ -257,7 +262,8 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
         else if (!strcmp(mt, "mistral") || phi3 || gemma2)
             cJSON_AddNullToObject(o, "sliding_window");
-        cJSON *lt = kinds && c->sliding_window > 0 ? cJSON_AddArrayToObject(o, "layer_types") : NULL;
+        /* Gemma 3's kinds also choose each layer's RoPE base, with a window or without */
+        cJSON *lt = kinds && (c->sliding_window > 0 || gemma3) ? cJSON_AddArrayToObject(o, "layer_types") : NULL;
         for (int64_t i = 0; lt && i < c->num_hidden_layers && i < DT_LLAMA_MAX_LAYERS; i++)
             cJSON_AddItemToArray(lt, cJSON_CreateString(c->full_attention_layers[i] ? "full_attention"
                                                                                     : "sliding_attention"));

@@ -33,6 +33,14 @@
  * dtype), every RMSNorm multiplies by (1 + weight) in f32 (GemmaRMSNorm,
  * weights initialised to 0) and the MLP is down_proj(gelu_tanh(gate_proj(m))
  * * up_proj(m)); the rest (GQA, RoPE, 1/sqrt(hd)) is the Llama block's.
+ * Gemma 2 (gemma2): the attention and the MLP each between a norm before
+ * and a norm after (the latter before the residual add), the attention's
+ * scale query_pre_attn_scalar^-1/2, the scores and the logits optionally
+ * soft-capped, sliding layers beside full ones. Gemma 3 (with qk_norm and
+ * rope_local_theta): Gemma 2's block with Gemma's norm on each head of q
+ * and k before RoPE, and the sliding layers rotating with their own base
+ * (rope_local_base_freq, unscaled), the full ones with rope_theta and the
+ * scaling.
  *
  * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
  * rows of the whole [B, T] ids, RoPE rotates them at their global
@@ -93,6 +101,7 @@ struct llama_rt;
 typedef struct {
     const struct llama_rt *rt;
     int64_t window; /* > 0: query i sees the keys (i - window, i]; 0: every earlier one */
+    bool local;     /* RoPE with the sliding layers' base (rope_local_theta: Gemma 3's sliding layers) */
 } attn_ud;
 
 /* What the forwards read: the root owns it (dt_nn_custom_owned), the
@@ -102,6 +111,7 @@ typedef struct llama_rt {
     attn_ud *attn;   /* each layer's (num_hidden_layers of them) */
     float *inv_freq; /* rotary width / 2 (hd / 2 without a partial rotary factor) */
     float *inv_long; /* longrope's past original_max_position_embeddings, else NULL */
+    float *inv_local; /* the sliding layers' (rope_local_theta), else NULL */
     dt_cp_params cp; /* context parallelism: group NULL for none */
     kv_step *kv;     /* set during a cached generation step only */
 } llama_rt;
@@ -110,7 +120,7 @@ static void rt_free(void *p)
 {
     llama_rt *rt = p;
     if (rt)
-        free(rt->inv_freq), free(rt->inv_long), free(rt->attn);
+        free(rt->inv_freq), free(rt->inv_long), free(rt->inv_local), free(rt->attn);
     free(rt);
 }
 
@@ -170,19 +180,31 @@ static int tp_size_of(const dt_module *proj)
     return tp ? dt_pg_size(tp) : 1;
 }
 
-/* norm (an RMSNorm over hd, eps) on each of the n heads of x [B, T, n hd].
- * Under tensor parallelism (tp: the projections' group) each rank has its
- * own heads, so the weight's gradient is a part of the whole: the weight
- * enters through f, whose backward sums it over the group (transformers'
- * "replicated_with_grad_allreduce" for Qwen3's q_norm and k_norm). */
-static dt_tensor *head_norm(dt_ctx *ctx, dt_module *norm, dt_pg *tp, float eps, dt_tensor *x, int n, int64_t hd)
+/* Gemma's norm weight 1 + w in f32 (w stored around 0) */
+static dt_tensor *gemma_weight(dt_ctx *ctx, dt_tensor *w)
+{
+    dt_tensor *one = w ? dt_tensor_full(ctx, DT_F32, 1, w->shape, 1.0) : NULL;
+    return one ? dt_add(ctx, w->dtype == DT_F32 ? w : dt_cast(ctx, w, DT_F32), one) : NULL;
+}
+
+/* norm (an RMSNorm over hd, eps; Gemma's with gemma) on each of the n heads
+ * of x [B, T, n hd]. Under tensor parallelism (tp: the projections' group)
+ * each rank has its own heads, so the weight's gradient is a part of the
+ * whole: the weight enters through f, whose backward sums it over the group
+ * (transformers' "replicated_with_grad_allreduce" for Qwen3's and Gemma 3's
+ * q_norm and k_norm). */
+static dt_tensor *head_norm(dt_ctx *ctx, dt_module *norm, dt_pg *tp, const dt_llama_config *c, dt_tensor *x, int n)
 {
     if (!x)
         return NULL;
-    const int64_t B = x->shape[0], T = x->shape[1];
-    dt_tensor *x4 = dt_reshape(ctx, x, 4, (int64_t[]){B, T, n, hd});
-    dt_tensor *y = tp ? dt_rms_norm(ctx, x4, dt_tp_copy_to_region(ctx, tp, dt_module_param(norm, 0)), eps)
-                      : dt_module_forward(ctx, norm, x4);
+    const int64_t B = x->shape[0], T = x->shape[1], hd = c->head_dim;
+    dt_tensor *x4 = dt_reshape(ctx, x, 4, (int64_t[]){B, T, n, hd}), *y;
+    if (tp) {
+        dt_tensor *w = dt_tp_copy_to_region(ctx, tp, dt_module_param(norm, 0));
+        y = dt_rms_norm(ctx, x4, c->gemma ? gemma_weight(ctx, w) : w, c->rms_norm_eps);
+    } else {
+        y = dt_module_forward(ctx, norm, x4);
+    }
     return dt_reshape(ctx, y, 3, (int64_t[]){B, T, n * hd});
 }
 
@@ -211,10 +233,10 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
         q = dt_module_forward(ctx, child(self, "q_norm"), q);
         k = dt_module_forward(ctx, child(self, "k_norm"), k);
     }
-    if (rt->c.qk_norm) { /* Qwen3: each head's hd normalized */
+    if (rt->c.qk_norm) { /* Qwen3, Gemma 3: each head's hd normalized */
         dt_pg *tp = dt_tp_module_group(child(self, "q_proj"));
-        q = head_norm(ctx, child(self, "q_norm"), tp, rt->c.rms_norm_eps, q, H, rt->c.head_dim);
-        k = head_norm(ctx, child(self, "k_norm"), tp, rt->c.rms_norm_eps, k, KV, rt->c.head_dim);
+        q = head_norm(ctx, child(self, "q_norm"), tp, &rt->c, q, H);
+        k = head_norm(ctx, child(self, "k_norm"), tp, &rt->c, k, KV);
     }
     const int64_t *pos = NULL;
     if (rt->cp.group && x) { /* the rank's rows: RoPE at their global positions */
@@ -232,9 +254,11 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     /* the sequence's length (its last position + 1): longrope's frequencies depend on it */
     const int64_t rows = q ? q->shape[1] : 0, len = kv ? kv->c->len + rows
                                                 : rt->cp.group ? rows * dt_pg_size(rt->cp.group) : rows;
-    const float *inv = rt->inv_long && len > rt->c.rope_original_max_position_embeddings ? rt->inv_long
+    /* Gemma 3's sliding layers: their own base, unscaled */
+    const float *inv = a->local ? rt->inv_local
+                       : rt->inv_long && len > rt->c.rope_original_max_position_embeddings ? rt->inv_long
                                                                                           : rt->inv_freq;
-    const float scale = rt->c.rope_type == DT_ROPE_LONGROPE || rt->c.rope_type == DT_ROPE_YARN
+    const float scale = !a->local && (rt->c.rope_type == DT_ROPE_LONGROPE || rt->c.rope_type == DT_ROPE_YARN)
                             ? (float)rt->c.rope_attention_factor : 1.0f;
     q = dt_rope_partial(ctx, q, H, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
     k = dt_rope_partial(ctx, k, KV, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
@@ -280,11 +304,7 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
 static dt_tensor *gemma_norm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     const llama_rt *rt = ud;
-    dt_tensor *w = dt_module_param(self, 0);
-    if (!x || !w)
-        return NULL;
-    dt_tensor *one = dt_tensor_full(ctx, DT_F32, 1, w->shape, 1.0);
-    dt_tensor *w1 = one ? dt_add(ctx, w->dtype == DT_F32 ? w : dt_cast(ctx, w, DT_F32), one) : NULL;
+    dt_tensor *w1 = x ? gemma_weight(ctx, dt_module_param(self, 0)) : NULL;
     return w1 ? dt_rms_norm(ctx, x, w1, rt->c.rms_norm_eps) : NULL;
 }
 
@@ -536,9 +556,9 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_p
     if (c->olmo2) { /* OLMo 2's over the whole projection (under tp the rank's heads' columns) */
         ok = add(attn, "q_norm", whole_norm(c, rt, tp, H * hd), ok);
         ok = add(attn, "k_norm", whole_norm(c, rt, tp, KV * hd), ok);
-    } else if (c->qk_norm) { /* Qwen3's over each head */
-        ok = add(attn, "q_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
-        ok = add(attn, "k_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
+    } else if (c->qk_norm) { /* Qwen3's and Gemma 3's over each head */
+        ok = add(attn, "q_norm", make_norm(c, rt, hd), ok);
+        ok = add(attn, "k_norm", make_norm(c, rt, hd), ok);
     }
     if (!c->fused) {
         ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
@@ -797,22 +817,30 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");
     llama_rt *rt = calloc(1, sizeof *rt);
-    const bool lr = lc->rope_type == DT_ROPE_LONGROPE;
+    const bool lr = lc->rope_type == DT_ROPE_LONGROPE, local = lc->rope_local_theta > 0.0;
     if (!rt || !(rt->attn = calloc((size_t)lc->num_hidden_layers, sizeof *rt->attn)) ||
         !(rt->inv_freq = malloc((size_t)lc->head_dim / 2 * sizeof(float))) ||
-        (lr && !(rt->inv_long = malloc((size_t)lc->head_dim / 2 * sizeof(float))))) {
+        (lr && !(rt->inv_long = malloc((size_t)lc->head_dim / 2 * sizeof(float)))) ||
+        (local && !(rt->inv_local = malloc((size_t)lc->head_dim / 2 * sizeof(float))))) {
         rt_free(rt);
         return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
     }
     rt->c = *lc;
     rt->cp = cp ? c.cp : dt_cp_params_default();
-    for (int64_t i = 0; i < lc->num_hidden_layers; i++) /* a layer slides unless it is a full one */
-        rt->attn[i] = (attn_ud){.rt = rt,
-                                .window = windowed(lc) && !(i < DT_LLAMA_MAX_LAYERS && lc->full_attention_layers[i])
-                                              ? lc->sliding_window : 0};
+    for (int64_t i = 0; i < lc->num_hidden_layers; i++) { /* a layer slides unless it is a full one */
+        const bool full = i < DT_LLAMA_MAX_LAYERS && lc->full_attention_layers[i];
+        rt->attn[i] = (attn_ud){.rt = rt, .window = windowed(lc) && !full ? lc->sliding_window : 0,
+                                .local = local && !full};
+    }
     dt_llama_inv_freq(lc, 0, rt->inv_freq);
     if (lr)
         dt_llama_inv_freq(lc, lc->rope_original_max_position_embeddings + 1, rt->inv_long);
+    if (local) { /* the sliding layers' base, without the full layers' scaling */
+        dt_llama_config l = *lc;
+        l.rope_theta = lc->rope_local_theta;
+        l.rope_type = DT_ROPE_DEFAULT;
+        dt_llama_inv_freq(&l, 0, rt->inv_local);
+    }
     const int64_t C = lc->hidden_size, V = lc->vocab_size, L = lc->num_hidden_layers;
     /* the root owns rt; every module under it borrows it (freed after them) */
     dt_module *root = dt_nn_custom_owned("LlamaForCausalLM", 0, NULL, lm_forward, rt, rt_free);

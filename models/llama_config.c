@@ -119,7 +119,8 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
                 {"logits_scaling", lc->logits_scaling},
                 {"query_pre_attn_scalar", lc->query_pre_attn_scalar},
                 {"attn_logit_softcapping", lc->attn_logit_softcapping},
-                {"final_logit_softcapping", lc->final_logit_softcapping}};
+                {"final_logit_softcapping", lc->final_logit_softcapping},
+                {"rope_local_base_freq", lc->rope_local_theta}};
     for (size_t i = 0; i < sizeof mult / sizeof mult[0]; i++)
         if (!(mult[i].v >= 0.0) || !isfinite(mult[i].v))
             return dt_error(DT_ERR_INVALID_ARG, "llama: %s %g must be a finite number > 0 (0: none)", mult[i].key,
@@ -127,9 +128,9 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
     if (lc->gemma2 && !lc->gemma)
         return dt_error(DT_ERR_INVALID_ARG, "llama: gemma2 needs gemma (Gemma 2 has Gemma's norms, embedding scale "
                         "and MLP)");
-    if (lc->sliding_window > 0 && lc->num_hidden_layers > DT_LLAMA_MAX_LAYERS)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: %lld layers with a sliding window (at most %d)",
-                        (long long)lc->num_hidden_layers, DT_LLAMA_MAX_LAYERS);
+    if ((lc->sliding_window > 0 || lc->rope_local_theta > 0.0) && lc->num_hidden_layers > DT_LLAMA_MAX_LAYERS)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: %lld layers with a sliding window or a local RoPE base (at most "
+                        "%d)", (long long)lc->num_hidden_layers, DT_LLAMA_MAX_LAYERS);
     const int64_t rot = lc->rotary_dim ? lc->rotary_dim : lc->head_dim;
     if (rot < 2 || rot % 2 || rot > lc->head_dim)
         return dt_error(DT_ERR_INVALID_ARG, "llama: the rotary width %lld (head_dim times partial_rotary_factor) is "

@@ -39,6 +39,14 @@ with save_pretrained, and what transformers computes on fixed tokens:
                that both caps bend), 3 layers (sliding, full, sliding) with
                sliding_window 16, GQA 4 over 2, tied head, pad_token_id 0;
                gemma2_ref.safetensors as qwen3's
+  gemma3/      Gemma3ForCausalLM: Gemma 2's block with q_norm and k_norm (Gemma's
+               1 + weight over each head) before RoPE, the sliding layers
+               rotating with rope_local_base_freq 100, the full one with
+               rope_theta 10000 under linear scaling (factor 4), 4 layers
+               (sliding, sliding, full, sliding: sliding_window_pattern 3)
+               with sliding_window 8 (so T = 16 slides), no soft caps,
+               query_pre_attn_scalar 24, GQA 4 over 2, tied head;
+               gemma3_ref.safetensors as qwen3's
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -79,7 +87,7 @@ from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM, Olmo2Config,
-                          Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM)
+                          Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -344,4 +352,25 @@ for name, m, cls, cfg in (("mistral", mistral, MistralForCausalLM, mc), ("gemma2
     wref[name + "_loss"] = loss_of(lg, ids40[:, 1:]).reshape([])
 wref["mistral_adamw_loss"] = adamw_losses(MistralForCausalLM, mc, mistral, ids40)
 save_file(wref, os.path.join(out, "window_ref.safetensors"))
+# Gemma 3 (Gemma3ForCausalLM): Gemma 2's block with Gemma's norm on each head of q and k, the sliding layers'
+# RoPE base (rope_local_base_freq) apart from the full layers' (rope_theta with rope_scaling), no soft caps;
+# every norm weight drawn away from 0; its own seed, after everything above
+torch.manual_seed(6160)
+g3c = Gemma3TextConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6,
+                       query_pre_attn_scalar=24, sliding_window=8, sliding_window_pattern=3, rope_theta=10000.0,
+                       rope_local_base_freq=100.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
+                       initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+gemma3 = Gemma3ForCausalLM(g3c).eval()
+with torch.no_grad():
+    for n, p in gemma3.named_parameters():
+        if n.endswith("norm.weight"):
+            p.uniform_(-0.5, 0.5)
+gemma3.save_pretrained(os.path.join(out, "gemma3"))
+with torch.no_grad():
+    lg = gemma3(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(Gemma3ForCausalLM, g3c, gemma3),
+           "eval": torch.tensor(windows_loss(gemma3, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "gemma3_ref.safetensors"))
 print("wrote", out)

@@ -32,6 +32,9 @@ Cases (seed 0, dropout 0):
   olmo2         the same sizes as Olmo2ForCausalLM(Olmo2Config(...)): untied,
                 pad_token_id 1 (Olmo2Config's), q_norm/k_norm over the whole
                 projections
+  gemma3        the same sizes as Gemma3ForCausalLM(Gemma3TextConfig(...)):
+                tied, pad_token_id 0, Gemma 2's norms and q_norm/k_norm over
+                each head, all at 0
 
 Usage: $PEER_PYTHON scripts/make_init_goldens.py [tests/data/torch_init/goldens.txt]
 (the file records the transformers and torch that wrote it).
@@ -41,7 +44,7 @@ import sys
 
 import torch
 import transformers
-from transformers import (Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           Olmo2Config, Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 transformers.logging.set_verbosity_error()
@@ -77,6 +80,11 @@ CASES = [
                                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                    max_position_embeddings=128, rms_norm_eps=1e-5,
                                                    initializer_range=0.02))),
+    ("gemma3", lambda: Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=176,
+                                                          num_hidden_layers=2, num_attention_heads=4,
+                                                          num_key_value_heads=2, head_dim=16,
+                                                          max_position_embeddings=128, rms_norm_eps=1e-5,
+                                                          initializer_range=0.02))),
 ]
 
 

@@ -202,10 +202,11 @@ typedef enum {
 #define DT_LLAMA_MAX_LAYERS 256
 
 /* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
- * Qwen2, Qwen3, Gemma, Gemma 2, Phi-3, Granite and OLMo 2 are the same
- * block: Qwen2 with attention_bias, Qwen3 with qk_norm, Gemma with gemma,
- * Gemma 2 with gemma, gemma2 and its soft caps, Phi-3 with fused, Granite
- * with its four multipliers, OLMo 2 with olmo2). */
+ * Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Granite and OLMo 2 are the
+ * same block: Qwen2 with attention_bias, Qwen3 with qk_norm, Gemma with
+ * gemma, Gemma 2 with gemma, gemma2 and its soft caps, Gemma 3 with gemma,
+ * gemma2, qk_norm and rope_local_theta, Phi-3 with fused, Granite with its
+ * four multipliers, OLMo 2 with olmo2). */
 typedef struct dt_llama_config {
     int64_t vocab_size;               /* V */
     int64_t hidden_size;              /* C */
@@ -231,6 +232,10 @@ typedef struct dt_llama_config {
                                          attention_scaling, from the config's attention_factor or its
                                          default: longrope's sqrt(1 + ln(factor) / ln(original)),
                                          yarn's 0.1 ln(factor) + 1 (mscale)) */
+    double rope_local_theta;          /* > 0: the RoPE base of the layers that slide (full_attention_layers
+                                         0), without scaling (Gemma 3's rope_local_base_freq, transformers 5's
+                                         rope_parameters.sliding_attention); rope_theta and the scaling above are
+                                         then the full layers'. 0: every layer rotates alike */
     int64_t rotary_dim;               /* RoPE on the first rotary_dim values of each head, the rest passing
                                          (Phi-3's partial_rotary_factor: head_dim times it; even, >= 2);
                                          0: the whole head */
@@ -239,7 +244,8 @@ typedef struct dt_llama_config {
     bool mlp_bias;                    /* gate/up/down biases */
     bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
     bool qk_norm;                     /* Qwen3: RMSNorm over each head's hd of q and of k (self_attn.q_norm,
-                                         k_norm, weights [hd]) after their projections, before RoPE */
+                                         k_norm, weights [hd]) after their projections, before RoPE (with gemma:
+                                         Gemma's (1 + weight) norms, Gemma 3) */
     bool olmo2;                       /* OLMo 2 (Olmo2ForCausalLM): no norm before attention and MLP; their
                                          outputs normalized (post_attention_layernorm,
                                          post_feedforward_layernorm) before the residual add; q and k
@@ -275,11 +281,12 @@ typedef struct dt_llama_config {
                                          sliding_window positions; dt_attention_window) in the layers that
                                          slide, up to max_position_embeddings; the descriptor's default
                                          sequence is the window; 0: none */
-    uint8_t full_attention_layers[DT_LLAMA_MAX_LAYERS]; /* with sliding_window: 1 for a layer that sees every
-                                         earlier position (transformers' layer_types "full_attention": Gemma
-                                         2's odd layers, Qwen2's below max_window_layers), 0 for one that
-                                         slides (Mistral's every layer). At most DT_LLAMA_MAX_LAYERS layers
-                                         with a window */
+    uint8_t full_attention_layers[DT_LLAMA_MAX_LAYERS]; /* with sliding_window or rope_local_theta: 1 for a
+                                         layer that sees every earlier position (transformers' layer_types
+                                         "full_attention": Gemma 2's odd layers, Gemma 3's every sixth, Qwen2's
+                                         below max_window_layers), 0 for one that slides (Mistral's every
+                                         layer). At most DT_LLAMA_MAX_LAYERS layers with a window or a local
+                                         RoPE base */
     bool has_pad_token;               /* config.json's pad_token_id is set: */
     int64_t pad_token_id;             /* the embedding row whose lookups pass no gradient back, as
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied
@@ -338,8 +345,8 @@ DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
-                               "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM" or
-                               "GPT2LMHeadModel" */
+                               "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+                               "GraniteForCausalLM", "Olmo2ForCausalLM" or "GPT2LMHeadModel" */
     bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */
@@ -356,7 +363,8 @@ typedef struct dt_hf_config {
  * max_position_embeddings, where dtrain runs), or
  * for Phi-3 other than default/longrope (its su and yarn are read as
  * longrope, as Phi3Config reads them), hidden_act other than silu (Gemma:
- * GELU's tanh form), Gemma 3, Phi-3's dropouts,
+ * GELU's tanh form), Gemma 3's multimodal Gemma3ForConditionalGeneration,
+ * a rope type other than default for Gemma 3's sliding layers, Phi-3's dropouts,
  * attention dropout, ...; context parallelism over a sequence longer than
  * a sliding window, or with Gemma 2's attention soft cap, is refused when
  * the model is built),

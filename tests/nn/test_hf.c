@@ -255,6 +255,12 @@ TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensor
 TEST(olmo2_adamw_steps) { adamw_steps(HF "olmo2", HF "olmo2_ref.safetensors", 10, 1e-5); }
 TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors", 10, 1e-5); }
 
+/* Gemma 3: Gemma's norm (1 + w, w drawn in [-0.5, 0.5]) on each head of q and k before RoPE, the sliding layers
+ * rotating with base 100 and the full one with base 10000 under linear scaling (factor 4), sliding_window 8 at 16
+ * tokens; the logits, then 10 AdamW steps (the gradients through the head norms) */
+TEST(gemma3_parity) { parity(HF "gemma3", HF "gemma3_ref.safetensors", "logits"); }
+TEST(gemma3_adamw_steps) { adamw_steps(HF "gemma3", HF "gemma3_ref.safetensors", 10, 1e-5); }
+
 /* Past the sliding window: 40 tokens through Mistral's window of 16 and Gemma 2's (its middle layer full), each
  * query seeing the last 16 positions, against transformers' logits and loss; Mistral's 10 AdamW steps on them
  * (the window's gradients) */
@@ -423,8 +429,8 @@ TEST(config_qwen3)
 
 /* Gemma 1's config: GemmaConfig's defaults (head_dim 256, tied head,
  * pad_token_id 0, gelu_pytorch_tanh; "gelu" read as it), other
- * activations and bidirectional attention refused naming the key, Gemma 3
- * refused naming the architecture */
+ * activations and bidirectional attention refused naming the key, Gemma 3's
+ * image-text model refused naming its vision tower */
 TEST(config_gemma)
 {
     dt_hf_config h;
@@ -450,8 +456,11 @@ TEST(config_gemma)
     ASSERT_STR_CONTAINS(dt_last_error(), "use_bidirectional_attention");
     ASSERT_OK(read_config_text("{\"model_type\": \"gemma\", \"hidden_size\": 64, \"num_attention_heads\": 4}", &h));
     ASSERT(h.llama.gemma);
-    ASSERT_STATUS(read_config_text("{\"model_type\": \"gemma3_text\"}", &h), DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma 1 and 2");
+    ASSERT_STATUS(read_config_text("{\"model_type\": \"gemma3\"}", &h), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "vision tower");
+    ASSERT_STATUS(read_config_text("{\"architectures\": [\"Gemma3ForConditionalGeneration\"]}", &h),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma3ForCausalLM");
 }
 
 /* Gemma 2's config: Gemma2Config's defaults (2304 wide, 26 layers, 8 heads
@@ -502,6 +511,76 @@ TEST(config_gemma2)
     snprintf(text, sizeof text, "%s, \"use_bidirectional_attention\": true}", base);
     ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
     ASSERT_STR_CONTAINS(dt_last_error(), "use_bidirectional_attention");
+}
+
+/* Gemma 3's config: Gemma3TextConfig's defaults (Gemma 2's sizes, 262208
+ * tokens, 131072 positions, no soft caps, q and k norms, every sixth layer
+ * full, rope_theta 1e6 and the sliding layers' 1e4); Gemma 3 1B's
+ * config.json as Google published it (the legacy keys rope_local_base_freq,
+ * sliding_window_pattern); a legacy rope_scaling scales the full layers
+ * only; transformers 5's rope_parameters per layer kind (the golden's);
+ * a flat rope_parameters, a scaled sliding kind, a local base or a pattern
+ * of 0 refused naming the key */
+TEST(config_gemma3)
+{
+    dt_hf_config h;
+    ASSERT_OK(read_config_text("{\"architectures\": [\"Gemma3ForCausalLM\"]}", &h));
+    const dt_llama_config *c = &h.llama;
+    ASSERT(c->gemma && c->gemma2 && c->qk_norm && c->tie_word_embeddings && c->has_pad_token && c->pad_token_id == 0);
+    ASSERT(c->hidden_size == 2304 && c->intermediate_size == 9216 && c->num_hidden_layers == 26 &&
+           c->num_attention_heads == 8 && c->num_key_value_heads == 4 && c->head_dim == 256 &&
+           c->vocab_size == 262208 && c->max_position_embeddings == 131072);
+    ASSERT(c->query_pre_attn_scalar == 256 && c->attn_logit_softcapping == 0 && c->final_logit_softcapping == 0);
+    ASSERT(c->sliding_window == 4096 && c->rope_theta == 1e6 && c->rope_local_theta == 1e4 &&
+           c->rope_type == DT_ROPE_DEFAULT);
+    for (int i = 0; i < 26; i++)
+        ASSERT_EQ_INT(c->full_attention_layers[i], (i + 1) % 6 == 0);
+    static const char one_b[] =
+        "{\"architectures\": [\"Gemma3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
+        "\"attn_logit_softcapping\": null, \"bos_token_id\": 2, \"cache_implementation\": \"hybrid\", "
+        "\"eos_token_id\": [1, 106], \"final_logit_softcapping\": null, \"head_dim\": 256, "
+        "\"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 1152, \"initializer_range\": 0.02, "
+        "\"intermediate_size\": 6912, \"max_position_embeddings\": 32768, \"model_type\": \"gemma3_text\", "
+        "\"num_attention_heads\": 4, \"num_hidden_layers\": 26, \"num_key_value_heads\": 1, \"pad_token_id\": 0, "
+        "\"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06, \"rope_local_base_freq\": 10000, "
+        "\"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": 512, \"sliding_window_pattern\": 6, "
+        "\"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 262144}";
+    ASSERT_OK(read_config_text(one_b, &h));
+    ASSERT(c->hidden_size == 1152 && c->num_key_value_heads == 1 && c->sliding_window == 512 &&
+           c->max_position_embeddings == 32768 && c->rope_theta == 1e6 && c->rope_local_theta == 1e4);
+    ASSERT(c->full_attention_layers[5] && !c->full_attention_layers[6] && c->full_attention_layers[23]);
+    ASSERT_EQ_INT(h.n_eos, 2);
+    static const char base[] = "{\"model_type\": \"gemma3_text\", \"hidden_size\": 64, \"num_attention_heads\": 4, "
+                               "\"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 4, "
+                               "\"vocab_size\": 128, \"sliding_window\": 8";
+    char text[900];
+    snprintf(text, sizeof text, "%s, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}, "
+             "\"rope_theta\": 5e5, \"rope_local_base_freq\": 77, \"sliding_window_pattern\": 2}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT(c->rope_type == DT_ROPE_LINEAR && c->rope_factor == 8 && c->rope_theta == 5e5 && c->rope_local_theta == 77);
+    ASSERT(!c->full_attention_layers[0] && c->full_attention_layers[1] && !c->full_attention_layers[2] &&
+           c->full_attention_layers[3]);
+    ASSERT_OK(dt_hf_config_read(HF "gemma3", &h));
+    ASSERT_STR_EQ(h.architecture, "Gemma3ForCausalLM");
+    ASSERT(c->rope_type == DT_ROPE_LINEAR && c->rope_factor == 4 && c->rope_theta == 1e4 &&
+           c->rope_local_theta == 100 && c->sliding_window == 8 && c->query_pre_attn_scalar == 24);
+    ASSERT(!c->full_attention_layers[0] && !c->full_attention_layers[1] && c->full_attention_layers[2] &&
+           !c->full_attention_layers[3]);
+    snprintf(text, sizeof text, "%s, \"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\", "
+             "\"full_attention\"]}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT(c->sliding_window == 0 && c->rope_local_theta == 0); /* no layer slides or rotates locally */
+    const char *bad[5] = {"\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 3e5}",
+                          "\"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"linear\", \"factor\": 2}}",
+                          "\"rope_local_base_freq\": 0", "\"sliding_window_pattern\": 0",
+                          "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"linear\"}}"};
+    const char *key[5] = {"rope_parameters", "rope_parameters.sliding_attention.rope_type", "rope_local_base_freq",
+                          "sliding_window_pattern", "rope_parameters.full_attention"};
+    for (int k = 0; k < 5; k++) {
+        snprintf(text, sizeof text, "%s, %s}", base, bad[k]);
+        ASSERT(read_config_text(text, &h) < 0);
+        ASSERT_STR_CONTAINS(dt_last_error(), key[k]);
+    }
 }
 
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
@@ -574,6 +653,7 @@ int main(void)
     RUN(config_qwen3);
     RUN(config_gemma);
     RUN(config_gemma2);
+    RUN(config_gemma3);
     RUN(config_strict_json);
     RUN(config_gpt2_sizes);
     RUN(llama_parity);
@@ -599,5 +679,7 @@ int main(void)
     RUN(gemma2_parity);
     RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);
+    RUN(gemma3_parity);
+    RUN(gemma3_adamw_steps);
     return TEST_REPORT();
 }

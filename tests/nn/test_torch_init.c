@@ -169,11 +169,12 @@ TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true, 
 TEST(phi3_starts_from_transformers_weights) { llama_case("phi3", false, false, true, -1); }
 TEST(llama_padding_row_starts_from_transformers_weights) { llama_case("llama_pad", false, false, false, 0); }
 
-/* Gemma 2 (tied, pad_token_id 0, its four norms a layer at 0) and OLMo 2
- * (untied, pad_token_id 1, whole-projection q_norm/k_norm at 1): the same
- * draws as Llama's (their norms draw nothing), in their constructors'
+/* Gemma 2 (tied, pad_token_id 0, its four norms a layer at 0), Gemma 3
+ * (Gemma 2's with q_norm/k_norm over each head at 0, two RoPE bases) and
+ * OLMo 2 (untied, pad_token_id 1, whole-projection q_norm/k_norm at 1): the
+ * same draws as Llama's (their norms draw nothing), in their constructors'
  * order */
-TEST(gemma2_and_olmo2_start_from_transformers_weights)
+TEST(gemma2_gemma3_and_olmo2_start_from_transformers_weights)
 {
     dt_llama_config c;
     ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
@@ -182,6 +183,10 @@ TEST(gemma2_and_olmo2_start_from_transformers_weights)
     c.pad_token_id = 0;
     c.query_pre_attn_scalar = 256, c.attn_logit_softcapping = 50, c.final_logit_softcapping = 30;
     config_case("gemma2", &c);
+    c.qk_norm = true; /* Gemma3TextConfig's: no soft caps, every sixth layer full, two bases */
+    c.attn_logit_softcapping = c.final_logit_softcapping = 0;
+    c.sliding_window = 4096, c.rope_theta = 1e6, c.rope_local_theta = 1e4;
+    config_case("gemma3", &c);
     ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
     c.olmo2 = true;
     c.has_pad_token = true;
@@ -346,7 +351,7 @@ int main(void)
     RUN(qwen2_starts_from_transformers_weights);
     RUN(phi3_starts_from_transformers_weights);
     RUN(llama_padding_row_starts_from_transformers_weights);
-    RUN(gemma2_and_olmo2_start_from_transformers_weights);
+    RUN(gemma2_gemma3_and_olmo2_start_from_transformers_weights);
     RUN(padding_row_is_zero_after_init);
     RUN(build_leaves_random_init_to_torch);
     RUN(torch_init_recipe_checks);

@@ -16,15 +16,16 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "gemma2", "phi3", "phi4", "granite", "olmo2":
- * the key "eval" of their own _ref file) */
+/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite",
+ * "olmo2": the key "eval" of their own _ref file) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
     char own[200] = "";
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
-        !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2") || !strcmp(key, "gemma2")) {
+        !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2") || !strcmp(key, "gemma2") ||
+        !strcmp(key, "gemma3")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -71,6 +72,7 @@ TEST(eval_json)
     eval_case("granite", "granite", "4");
     eval_case("olmo2", "olmo2", "4");
     eval_case("gemma2", "gemma2", "4"); /* soft caps; sliding_window 16 = --seq */
+    eval_case("gemma3", "gemma3", "4"); /* sliding_window 8 < --seq; two RoPE bases */
 }
 
 TEST(train_and_generate)
@@ -433,6 +435,37 @@ TEST(gemma2_save_hf_tp_and_pp)
     ASSERT_STR_CONTAINS(r.err, "attention soft-capping");
 }
 
+/* Gemma 3 (model_type gemma3_text, Gemma3ForCausalLM): the export keeps both RoPE bases (the sliding layers'
+ * as rope_local_base_freq), the full layers' linear scaling, the window and the layers' kinds, and evaluates to the
+ * run's own loss; --tp 2 (the head norms replicated, their gradients summed) and --pp 2 give one process's losses,
+ * and so does --cp 2 at 8 tokens (the window: each rank rotates its 4 rows at their global positions with its
+ * layer's base). */
+TEST(gemma3_save_hf_tp_pp_and_cp)
+{
+    save_hf_and_parallel("gemma3",
+                         (const char *const[]){"\"gemma3_text\"", "\"Gemma3ForCausalLM\"", "\"rope_theta\":\t10000",
+                                               "\"rope_local_base_freq\":\t100", "\"rope_type\":\t\"linear\"",
+                                               "\"sliding_window\":\t8",
+                                               "\"sliding_attention\", \"sliding_attention\", \"full_attention\", "
+                                               "\"sliding_attention\"",
+                                               "\"hidden_activation\":\t\"gelu_pytorch_tanh\"", NULL},
+                         true, true);
+    cli_result r;
+    char one[300], cp[300];
+    snprintf(one, sizeof one, "%s/gemma3_one8.jsonl", cli_tmpdir());
+    snprintf(cp, sizeof cp, "%s/gemma3_cp.jsonl", cli_tmpdir());
+    char *const base[] = {"train", "--model", "hf:" HF "gemma3", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                          "--seq", "8", "--batch", "2", "--max-steps", "5", "--optimizer", "adamw", "--lr", "1e-2",
+                          "--threads", "1", "--progress", "none", "--log-every", "1", NULL};
+    char *const m1[] = {"--metrics", one, NULL}, *const m2[] = {"--cp", "2", "--metrics", cp, NULL};
+    char *const *l1[] = {base, m1}, *const *l2[] = {base, m2};
+    cli_run_ranks(&r, 120, NULL, 1, 2, l1);
+    ASSERT_EQ_INT(r.code, 0);
+    cli_run_ranks(&r, 180, NULL, 2, 2, l2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(cli_same_metrics(cp, one, 5, 0));
+}
+
 /* The 20-token prompt of the sliding-window goldens (longer than their window of 16): 3,10,17,... */
 static const char *prompt20(void)
 {
@@ -493,6 +526,25 @@ TEST(generate_gemma2)
          "| 54 54 113 18 18 113 113 118 113 78 113 65 65 14 97 97 99 99 55 55\n"},
     };
     generate_goldens("gemma2", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Gemma 3's sliding layers (window 8, base 100) and its full one (base 10000, linear scaling), as transformers
+ * generates past the window: transformers 5.25's model.generate(ids, do_sample=False, pad_token_id=0, ...) (torch
+ * 2.15, CPU) gave these new tokens, once, with its cache and without, for the prompts of generate_gemma2 (the first
+ * case ends at the stop token 2); dtrain with the cache and without. */
+TEST(generate_gemma3)
+{
+    static const gen_golden cases[] = {
+        {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"},
+         "| 92 63 92 92 116 92 64 92 91 93 64 64 98 98 64 32 7 7 82 82 7 20 64 108 108 64 121 121 64 2\n"},
+        {NULL, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
+         "| 44 44 98 98 81 81 8 29 29 107 107 89 89 78 107 120 46 46 120 120\n"},
+        {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"},
+         "| 92 63 92 109 64 64 98 98 121 64 35 35 82 82 12 12 84 84 24 82 103 103 31 31 11 11 57 57 81 81\n"},
+        {NULL, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
+         "| 44 44 98 98 81 81 8 29 29 107 107 89 89 78 107 120 46 46 90 90\n"},
+    };
+    generate_goldens("gemma3", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
@@ -1064,6 +1116,8 @@ int main(void)
     RUN(olmo2_save_hf_tp_and_pp);
     RUN(gemma2_save_hf_tp_and_pp);
     RUN(generate_gemma2);
+    RUN(gemma3_save_hf_tp_pp_and_cp);
+    RUN(generate_gemma3);
     RUN(bad_phi3_directories);
     RUN(mistral_sliding_window);
     RUN(tied_head);
