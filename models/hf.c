@@ -1,8 +1,9 @@
 /* Hugging Face model directories as zoo models: dt_model_create("hf:DIR")
  * reads DIR/config.json (hf_config.c: transformers' PretrainedConfig keys), builds the
  * Llama-family decoder (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM; a sliding window limits the sequences to its length)
- * or GPT-2 (GPT2LMHeadModel) it
+ * Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (also
+ * Gemma3ForConditionalGeneration's language model), Phi3ForCausalLM,
+ * GraniteForCausalLM, Olmo2ForCausalLM) or GPT-2 (GPT2LMHeadModel) it
  * describes, initialised from the seed, and checks that the weights in DIR
  * (model.safetensors or the shards of model.safetensors.index.json; read
  * through dt_ckpt_open) agree with the configuration's vocabulary, width and

@@ -1,7 +1,8 @@
 /* Reading a Hugging Face model directory's config.json
  * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
+ * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Gemma3ForCausalLM (and the language model of
+ * Gemma3ForConditionalGeneration: its text_config), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
  * GraniteForCausalLM, Olmo2ForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
@@ -106,12 +107,12 @@ dt_status dt__hf_token_ids(const cJSON *v, const char *path, const char *key, in
     return DT_OK;
 }
 
-/* dt__hf_token_ids of key, after no earlier error: how many. */
-static int get_tokens(cfg_reader *r, const char *key, int64_t *ids, int cap)
+/* dt__hf_token_ids of o's key, after no earlier error: how many. */
+static int get_tokens(cfg_reader *r, const cJSON *o, const char *key, int64_t *ids, int cap)
 {
     int n = 0;
     if (r->st >= 0)
-        r->st = dt__hf_token_ids(item(r->root, key), r->path, key, ids, cap, &n);
+        r->st = dt__hf_token_ids(item(o, key), r->path, key, ids, cap, &n);
     return n;
 }
 
@@ -559,7 +560,25 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
              : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
-    if (r.st >= 0 && arch) {
+    /* Gemma 3's image-text model: its language model (text_config; Gemma3TextConfig's defaults without one),
+       whose weights its directory holds under language_model.model. (dt_ckpt_open's view) */
+    const bool mm = r.st >= 0 && arch && !strcmp(arch, "Gemma3ForConditionalGeneration");
+    const cJSON *tc = mm ? item(root, "text_config") : NULL;
+    cJSON *none = mm && (!tc || cJSON_IsNull(tc)) ? cJSON_CreateObject() : NULL;
+    char tpath[4300];
+    snprintf(tpath, sizeof tpath, "%s (text_config)", path);
+    cfg_reader tr = {.path = tpath, .root = none ? none : tc, .st = DT_OK};
+    if (mm && !none && !cJSON_IsObject(tc))
+        r.st = dt_error(DT_ERR_FORMAT, "%s: key \"text_config\" must be an object", path);
+    else if (mm && !tr.root)
+        r.st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+    else if (mm) {
+        snprintf(out->architecture, sizeof out->architecture, "Gemma3ForCausalLM"); /* what dtrain builds */
+        read_llama(&tr, "Gemma3ForCausalLM", &out->llama);
+        if (tr.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
+            tr.st = dt_error_wrap(st, "%s", tpath);
+        r.st = tr.st;
+    } else if (r.st >= 0 && arch) {
         snprintf(out->architecture, sizeof out->architecture, "%s", arch);
         if (!strcmp(arch, "GPT2LMHeadModel")) {
             out->is_gpt2 = true;
@@ -575,20 +594,21 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
         } else {
-            const bool mm_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
-                            "GraniteForCausalLM, Olmo2ForCausalLM, GPT2LMHeadModel)%s", path, arch,
-                            mm_gemma ? "; of Gemma 3 only the text model (Gemma3ForCausalLM, model_type "
-                            "\"gemma3_text\": the 1B, or a text-only export); the image-text models' vision tower is "
-                            "not supported" : "");
+                            "GraniteForCausalLM, Olmo2ForCausalLM, GPT2LMHeadModel; Gemma3ForConditionalGeneration "
+                            "as its language model)", path, arch);
         }
     }
-    /* the special tokens, kept for the export (hf_save.c) as they are given */
+    /* the special tokens, kept for the export (hf_save.c) as they are given (an image-text model's at its top
+       level, else its text_config's) */
     int64_t bos[DT_HF_MAX_EOS];
-    out->bos_token_id = get_tokens(&r, "bos_token_id", bos, DT_HF_MAX_EOS) ? bos[0] : -1;
-    out->n_eos = get_tokens(&r, "eos_token_id", out->eos_token_ids, DT_HF_MAX_EOS);
+    const cJSON *bo = mm && !item(root, "bos_token_id") ? tr.root : root;
+    const cJSON *eo = mm && !item(root, "eos_token_id") ? tr.root : root;
+    out->bos_token_id = get_tokens(&r, bo, "bos_token_id", bos, DT_HF_MAX_EOS) ? bos[0] : -1;
+    out->n_eos = get_tokens(&r, eo, "eos_token_id", out->eos_token_ids, DT_HF_MAX_EOS);
+    cJSON_Delete(none);
     cJSON_Delete(root);
     return r.st;
 }

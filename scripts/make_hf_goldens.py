@@ -47,6 +47,11 @@ with save_pretrained, and what transformers computes on fixed tokens:
                with sliding_window 8 (so T = 16 slides), no soft caps,
                query_pre_attn_scalar 24, GQA 4 over 2, tied head;
                gemma3_ref.safetensors as qwen3's
+  gemma3_mm/   Gemma3ForConditionalGeneration: gemma3's weights as the language
+               model of an image-text model (a 1-layer vision tower of 16, 4
+               image tokens), as transformers saves it (language_model.model.*,
+               vision_tower.*, multi_modal_projector.*); on text its logits are
+               gemma3's (checked here)
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -87,7 +92,8 @@ from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM, Olmo2Config,
-                          Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM)
+                          Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM,
+                          Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -373,4 +379,15 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(Gemma3ForCausalLM, g3c, gemma3),
            "eval": torch.tensor(windows_loss(gemma3, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "gemma3_ref.safetensors"))
+# Gemma 3's image-text model around gemma3's weights (no draws from the global stream after it)
+vc = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+                        patch_size=4)
+g3m = Gemma3ForConditionalGeneration(Gemma3Config(text_config=g3c.to_dict(), vision_config=vc.to_dict(),
+                                                  mm_tokens_per_image=4, boi_token_index=120, eoi_token_index=121,
+                                                  image_token_index=122)).eval()
+g3m.model.language_model.load_state_dict({k[len("model."):]: v for k, v in gemma3.state_dict().items()
+                                          if k.startswith("model.")})
+g3m.save_pretrained(os.path.join(out, "gemma3_mm"))
+with torch.no_grad():
+    assert torch.equal(g3m(input_ids=ids[:, :T]).logits, gemma3(ids[:, :T]).logits)
 print("wrote", out)

@@ -350,7 +350,11 @@ DT_API dt_ckpt_load_params dt_ckpt_load_params_default(void);
  * names; each tensor one chunk
  * of its shard, the shards validated as they are opened; a shard the map
  * names that is missing, a tensor in two shards or not where the map says
- * are errors naming the file and the key). */
+ * are errors naming the file and the key). An image-text model's directory
+ * (Gemma 3's Gemma3ForConditionalGeneration: no model.embed_tokens.weight,
+ * its language model under language_model.model. or model.language_model.)
+ * reads as its language model: those tensors named as a text model's
+ * (model.*, lm_head.*), the vision tower's and the projector's left out. */
 typedef struct dt_ckpt dt_ckpt;
 /* File names of a Hugging Face model directory's weights. */
 #define DT_HF_WEIGHTS_NAME "model.safetensors"

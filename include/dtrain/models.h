@@ -346,7 +346,10 @@ typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                               "GraniteForCausalLM", "Olmo2ForCausalLM" or "GPT2LMHeadModel" */
+                               "GraniteForCausalLM", "Olmo2ForCausalLM" or "GPT2LMHeadModel";
+                               Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
+                               as its language model, "Gemma3ForCausalLM", from text_config (its
+                               weights: dt_ckpt_open's view of the directory) */
     bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */
@@ -363,8 +366,8 @@ typedef struct dt_hf_config {
  * max_position_embeddings, where dtrain runs), or
  * for Phi-3 other than default/longrope (its su and yarn are read as
  * longrope, as Phi3Config reads them), hidden_act other than silu (Gemma:
- * GELU's tanh form), Gemma 3's multimodal Gemma3ForConditionalGeneration,
- * a rope type other than default for Gemma 3's sliding layers, Phi-3's dropouts,
+ * GELU's tanh form), a rope type other than default for Gemma 3's sliding
+ * layers, Phi-3's dropouts,
  * attention dropout, ...; context parallelism over a sequence longer than
  * a sliding window, or with Gemma 2's attention soft cap, is refused when
  * the model is built),

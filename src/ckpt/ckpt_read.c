@@ -263,6 +263,63 @@ static dt_status open_hf(dt_ckpt *ck, const char *ipath)
     return st;
 }
 
+/* An image-text model's directory (Gemma 3's Gemma3ForConditionalGeneration)
+ * seen as its language model: the tensors under one of the language model's
+ * prefixes (transformers' files: language_model.model., its modules:
+ * model.language_model.) renamed to a text model's (model.), its head
+ * (language_model.lm_head., or lm_head. as it is) to lm_head., and the rest
+ * (the vision tower, the projector) left out of the view. Only for a
+ * directory without a model.embed_tokens.weight of its own and with one
+ * under such a prefix; the chunks keep the files' keys, so reads are
+ * unchanged. Two tensors of one name in the view (a head under both names)
+ * are refused. */
+static dt_status language_model_view(dt_ckpt *ck)
+{
+    static const char *const prefix[2] = {"language_model.model.", "model.language_model."};
+    static const char head[] = "language_model.lm_head.";
+    char name[64];
+    int p = -1;
+    for (int k = 0; k < 2 && p < 0 && dt_ckpt_find(ck, "model.embed_tokens.weight") < 0; k++) {
+        snprintf(name, sizeof name, "%sembed_tokens.weight", prefix[k]);
+        if (dt_ckpt_find(ck, name) >= 0)
+            p = k;
+    }
+    if (p < 0)
+        return DT_OK;
+    const size_t pl = strlen(prefix[p]);
+    size_t kept = 0;
+    for (size_t i = 0; i < ck->nt; i++) {
+        ctensor *t = &ck->t[i];
+        const bool body = !strncmp(t->name, prefix[p], pl), lm = !strncmp(t->name, head, sizeof head - 1);
+        char *nn = NULL;
+        if (body || lm || !strncmp(t->name, "lm_head.", 8)) {
+            const char *rest = t->name + (body ? pl : lm ? sizeof head - 1 : 8);
+            if (!(nn = malloc(strlen(rest) + 9))) { /* the view so far, then the rest as they are: all freed once */
+                memmove(&ck->t[kept], t, (ck->nt - i) * sizeof *t);
+                ck->nt = kept + (ck->nt - i);
+                return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
+            }
+            sprintf(nn, "%s%s", body ? "model." : "lm_head.", rest);
+        }
+        if (!nn) { /* not the language model's: out of the view */
+            for (size_t j = 0; j < t->nc; j++)
+                free(t->c[j].key);
+            free(t->c);
+            free(t->name);
+            continue;
+        }
+        free(t->name);
+        t->name = nn;
+        ck->t[kept++] = *t;
+    }
+    ck->nt = kept;
+    for (size_t i = 0; i < kept; i++)
+        if (dt_ckpt_find(ck, ck->t[i].name) != (int64_t)i)
+            return dt_error(DT_ERR_FORMAT, "%s: the language model's tensor '%s' is there twice (under two of its "
+                            "names: %s, %s or lm_head.)", ck->src, ck->t[i].name, prefix[p], head);
+    return DT_OK;
+}
+
 static dt_status parse_index(dt_ckpt *ck, const char *ipath, const cJSON *root)
 {
     const char *src = ck->src;
@@ -463,6 +520,8 @@ dt_status dt_ckpt_open(const char *src, dt_ckpt **out)
         snprintf(wp, sizeof wp, "%s/%s", src, DT_HF_WEIGHTS_NAME);
         struct stat ib;
         st = open_hf(ck, stat(wp, &ib) != 0 && stat(ip, &ib) == 0 ? ip : NULL);
+        if (st >= 0)
+            st = language_model_view(ck);
     } else {
         char ipath[4096];
         snprintf(ipath, sizeof ipath, "%s/%s", src, INDEX_NAME);

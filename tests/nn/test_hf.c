@@ -260,6 +260,73 @@ TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors",
  * tokens; the logits, then 10 AdamW steps (the gradients through the head norms) */
 TEST(gemma3_parity) { parity(HF "gemma3", HF "gemma3_ref.safetensors", "logits"); }
 TEST(gemma3_adamw_steps) { adamw_steps(HF "gemma3", HF "gemma3_ref.safetensors", 10, 1e-5); }
+/* The same weights as the language model of Gemma 3's image-text model (Gemma3ForConditionalGeneration, as
+ * transformers saves it: language_model.model.*, a vision tower, a projector): on text, gemma3's logits */
+TEST(gemma3_image_text_parity) { parity(HF "gemma3_mm", HF "gemma3_ref.safetensors", "logits"); }
+
+/* model.safetensors in dir with tensors names[0..n) of 2 f32 values each */
+static void write_st(const char *dir, const char *const *names, int n)
+{
+    char f[300];
+    snprintf(f, sizeof f, "%s/model.safetensors", dir);
+    dt_st_desc d[4];
+    float z[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int i = 0; i < n; i++)
+        d[i] = (dt_st_desc){.name = names[i], .dtype = DT_ST_F32, .ndim = 1, .shape = {2}};
+    dt_st_writer *w = NULL;
+    ASSERT_OK(dt_st_writer_open(f, d, (size_t)n, NULL, 0, &w));
+    for (int i = 0; i < n; i++)
+        ASSERT_OK(dt_st_writer_write(w, (size_t)i, z + 2 * i, 8));
+    ASSERT_OK(dt_st_writer_commit(w, NULL));
+    dt_st_writer_close(w);
+}
+
+/* An image-text model's directory reads as its language model (dt_ckpt_open): transformers' file (gemma3_mm:
+ * language_model.model.*) names gemma3's tensors with gemma3's values and nothing of the vision tower; the
+ * modules' names (model.language_model.*, a top-level lm_head) too; a head under two names refused; a directory
+ * with a model.embed_tokens.weight of its own is read as it is. */
+TEST(image_text_dir_reads_as_language_model)
+{
+    dt_ckpt *a = NULL, *b = NULL;
+    ASSERT_OK(dt_ckpt_open(HF "gemma3_mm", &a));
+    ASSERT_OK(dt_ckpt_open(HF "gemma3", &b));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(a), (int)dt_ckpt_num_tensors(b));
+    for (size_t i = 0; i < dt_ckpt_num_tensors(b); i++) {
+        dt_ckpt_tensor t;
+        ASSERT_OK(dt_ckpt_tensor_at(b, i, &t));
+        int64_t k = dt_ckpt_find(a, t.name);
+        ASSERT(k >= 0);
+        float x = 0, y = 1;
+        ASSERT_OK(dt_ckpt_read(a, (size_t)k, t.numel - 1, t.numel, &x, true));
+        ASSERT_OK(dt_ckpt_read(b, i, t.numel - 1, t.numel, &y, true));
+        ASSERT(x == y);
+    }
+    dt_ckpt_close(a);
+    dt_ckpt_close(b);
+    char dir[] = "/tmp/dt_hfview_XXXXXX", f[300];
+    ASSERT(mkdtemp(dir) != NULL);
+    snprintf(f, sizeof f, "%s/model.safetensors", dir);
+    write_st(dir, (const char *const[]){"model.language_model.embed_tokens.weight", "model.vision_tower.w",
+                                        "lm_head.weight"}, 3);
+    ASSERT_OK(dt_ckpt_open(dir, &a));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(a), 2);
+    ASSERT(dt_ckpt_find(a, "model.embed_tokens.weight") >= 0 && dt_ckpt_find(a, "lm_head.weight") >= 0);
+    float v[2] = {0};
+    ASSERT_OK(dt_ckpt_read(a, (size_t)dt_ckpt_find(a, "lm_head.weight"), 0, 2, v, true));
+    ASSERT(v[0] == 5 && v[1] == 6);
+    dt_ckpt_close(a);
+    write_st(dir, (const char *const[]){"language_model.model.embed_tokens.weight", "language_model.lm_head.weight",
+                                        "lm_head.weight"}, 3);
+    ASSERT_STATUS(dt_ckpt_open(dir, &a), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "'lm_head.weight' is there twice");
+    write_st(dir, (const char *const[]){"model.embed_tokens.weight", "language_model.model.embed_tokens.weight"}, 2);
+    ASSERT_OK(dt_ckpt_open(dir, &a));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(a), 2);
+    ASSERT(dt_ckpt_find(a, "language_model.model.embed_tokens.weight") >= 0);
+    dt_ckpt_close(a);
+    unlink(f);
+    rmdir(dir);
+}
 
 /* Past the sliding window: 40 tokens through Mistral's window of 16 and Gemma 2's (its middle layer full), each
  * query seeing the last 16 positions, against transformers' logits and loss; Mistral's 10 AdamW steps on them
@@ -456,11 +523,9 @@ TEST(config_gemma)
     ASSERT_STR_CONTAINS(dt_last_error(), "use_bidirectional_attention");
     ASSERT_OK(read_config_text("{\"model_type\": \"gemma\", \"hidden_size\": 64, \"num_attention_heads\": 4}", &h));
     ASSERT(h.llama.gemma);
-    ASSERT_STATUS(read_config_text("{\"model_type\": \"gemma3\"}", &h), DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "vision tower");
-    ASSERT_STATUS(read_config_text("{\"architectures\": [\"Gemma3ForConditionalGeneration\"]}", &h),
+    ASSERT_STATUS(read_config_text("{\"architectures\": [\"PaliGemmaForConditionalGeneration\"]}", &h),
                   DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma3ForCausalLM");
+    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma3ForConditionalGeneration as its language model");
 }
 
 /* Gemma 2's config: Gemma2Config's defaults (2304 wide, 26 layers, 8 heads
@@ -520,7 +585,10 @@ TEST(config_gemma2)
  * sliding_window_pattern); a legacy rope_scaling scales the full layers
  * only; transformers 5's rope_parameters per layer kind (the golden's);
  * a flat rope_parameters, a scaled sliding kind, a local base or a pattern
- * of 0 refused naming the key */
+ * of 0 refused naming the key. The image-text model (Gemma3ForConditionalGeneration,
+ * model_type gemma3) is its language model: text_config's keys (Gemma3TextConfig's
+ * defaults without it), the special tokens of the top level or else of
+ * text_config; a text_config that is not an object refused naming it. */
 TEST(config_gemma3)
 {
     dt_hf_config h;
@@ -581,6 +649,23 @@ TEST(config_gemma3)
         ASSERT(read_config_text(text, &h) < 0);
         ASSERT_STR_CONTAINS(dt_last_error(), key[k]);
     }
+    ASSERT_OK(dt_hf_config_read(HF "gemma3_mm", &h)); /* tokens in text_config only */
+    ASSERT_STR_EQ(h.architecture, "Gemma3ForCausalLM");
+    ASSERT(c->qk_norm && c->rope_local_theta == 100 && c->sliding_window == 8 && c->vocab_size == 128 &&
+           c->num_hidden_layers == 4 && h.bos_token_id == 1 && h.n_eos == 1 && h.eos_token_ids[0] == 2);
+    ASSERT_OK(read_config_text("{\"model_type\": \"gemma3\", \"eos_token_id\": [1, 106], \"text_config\": "
+                               "{\"hidden_size\": 2560, \"num_hidden_layers\": 34, \"eos_token_id\": 7, "
+                               "\"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}}}", &h));
+    ASSERT(c->hidden_size == 2560 && c->num_hidden_layers == 34 && c->vocab_size == 262208 &&
+           c->rope_type == DT_ROPE_LINEAR && c->rope_factor == 8 && c->rope_local_theta == 1e4);
+    ASSERT(h.n_eos == 2 && h.eos_token_ids[1] == 106);
+    ASSERT_OK(read_config_text("{\"architectures\": [\"Gemma3ForConditionalGeneration\"]}", &h));
+    ASSERT(c->hidden_size == 2304 && c->num_hidden_layers == 26 && c->qk_norm);
+    ASSERT_STATUS(read_config_text("{\"model_type\": \"gemma3\", \"text_config\": 5}", &h), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "text_config");
+    ASSERT_STATUS(read_config_text("{\"model_type\": \"gemma3\", \"text_config\": {\"sliding_window_pattern\": 0}}",
+                                   &h), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "(text_config): key \"sliding_window_pattern\"");
 }
 
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
@@ -681,5 +766,7 @@ int main(void)
     RUN(gemma2_adamw_steps);
     RUN(gemma3_parity);
     RUN(gemma3_adamw_steps);
+    RUN(gemma3_image_text_parity);
+    RUN(image_text_dir_reads_as_language_model);
     return TEST_REPORT();
 }

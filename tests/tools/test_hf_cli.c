@@ -17,12 +17,15 @@
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
 /* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite",
- * "olmo2": the key "eval" of their own _ref file) */
+ * "olmo2": the key "eval" of their own _ref file; "gemma3_mm", Gemma 3's image-text model around gemma3's
+ * weights: gemma3's) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
     char own[200] = "";
+    if (!strcmp(key, "gemma3_mm"))
+        key = "gemma3";
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
         !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2") || !strcmp(key, "gemma2") ||
         !strcmp(key, "gemma3")) {
@@ -73,6 +76,7 @@ TEST(eval_json)
     eval_case("olmo2", "olmo2", "4");
     eval_case("gemma2", "gemma2", "4"); /* soft caps; sliding_window 16 = --seq */
     eval_case("gemma3", "gemma3", "4"); /* sliding_window 8 < --seq; two RoPE bases */
+    eval_case("gemma3_mm", "gemma3", "4"); /* its image-text model: the language model's loss */
 }
 
 TEST(train_and_generate)
@@ -464,6 +468,17 @@ TEST(gemma3_save_hf_tp_pp_and_cp)
     cli_run_ranks(&r, 180, NULL, 2, 2, l2);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT(cli_same_metrics(cp, one, 5, 0));
+}
+
+/* Gemma 3's image-text model (Gemma3ForConditionalGeneration around gemma3's weights, with a vision tower): its
+ * language model trains, and --save-hf writes that text model (Gemma3ForCausalLM, text_config's keys at the top
+ * level), which evaluates to the run's own loss. */
+TEST(gemma3_image_text_trains_and_saves_its_language_model)
+{
+    save_hf_and_parallel("gemma3_mm",
+                         (const char *const[]){"\"gemma3_text\"", "\"Gemma3ForCausalLM\"", "\"rope_local_base_freq\":\t100",
+                                               "\"hidden_size\":\t32", NULL},
+                         false, false);
 }
 
 /* The 20-token prompt of the sliding-window goldens (longer than their window of 16): 3,10,17,... */
@@ -1117,6 +1132,7 @@ int main(void)
     RUN(gemma2_save_hf_tp_and_pp);
     RUN(generate_gemma2);
     RUN(gemma3_save_hf_tp_pp_and_cp);
+    RUN(gemma3_image_text_trains_and_saves_its_language_model);
     RUN(generate_gemma3);
     RUN(bad_phi3_directories);
     RUN(mistral_sliding_window);
