@@ -44,8 +44,10 @@
  *
  * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
  * rows of the whole [B, T] ids, RoPE rotates them at their global
- * positions (dt_rope_at), attention is dt_cp_attention over the packed
- * q | k | v (GQA's kv heads repeated first), the rest runs on the rows.
+ * positions (dt_rope_at), attention is dt_cp_attention_window over the
+ * packed q | k | v (GQA's kv heads repeated first; a sliding window
+ * shorter than the sequence or a soft cap under Ulysses only), the rest
+ * runs on the rows.
  *
  * OLMo 2 (dt_llama_config.olmo2; transformers' Olmo2ForCausalLM): no
  * norm before attention and MLP; each output normalized before its
@@ -272,8 +274,9 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
         return dt_module_forward(ctx, child(self, "o_proj"), dt__kv_attention(ctx, kv->c, kv->layer++, q, k, v, H, KV));
     dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
     /* the layer's sliding window (within it: causal attention) and Gemma 2's soft cap */
-    dt_tensor *y = rt->cp.group ? dt_cp_attention(ctx, &rt->cp, qkv, H, true)
-                                : dt_attention_window(ctx, qkv, H, a->window, (float)rt->c.attn_logit_softcapping);
+    const float cap = (float)rt->c.attn_logit_softcapping;
+    dt_tensor *y = rt->cp.group ? dt_cp_attention_window(ctx, &rt->cp, qkv, H, a->window, cap)
+                                : dt_attention_window(ctx, qkv, H, a->window, cap);
     return dt_module_forward(ctx, child(self, "o_proj"), y);
 }
 
@@ -805,16 +808,10 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
                         "(max_position_embeddings)", (long long)T, (long long)max_len(lc));
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
-    if (cp && windowed(lc) && T > lc->sliding_window)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: context parallelism does not support a sliding window "
-                        "(sliding_window %lld) shorter than the sequence (%lld tokens): its ring attention sees every "
-                        "earlier position; use --seq %lld or less", (long long)lc->sliding_window, (long long)T,
-                        (long long)lc->sliding_window);
-    if (cp && lc->attn_logit_softcapping > 0.0)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: context parallelism does not support Gemma 2's attention "
-                        "soft-capping (attn_logit_softcapping %g): its ring attention has no soft cap",
-                        lc->attn_logit_softcapping);
-    if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
+    /* the sliding layers' window and the scores' cap: Ulysses' attention has them, the ring's not */
+    if (cp && ((st = dt_cp_check_window(&c.cp, T, windowed(lc) ? lc->sliding_window : 0,
+                                        (float)lc->attn_logit_softcapping)) < 0 ||
+               (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0))
         return dt_error_wrap(st, "llama");
     llama_rt *rt = calloc(1, sizeof *rt);
     const bool lr = lc->rope_type == DT_ROPE_LONGROPE, local = lc->rope_local_theta > 0.0;

@@ -86,6 +86,17 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float
 DT_API dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                    const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
                                    float *dqkv);
+/* Ulysses' causal attention with a sliding window (> 0: query i sees the
+ * keys (i - window, i]; 0 none) and soft-capped scores (cap > 0: cap tanh(s
+ * / cap) before the softmax; 0 none), as dt_k_attention_window_fwd/bwd
+ * compute them on the whole sequence of the rank's heads (Mistral's,
+ * Gemma 2's and 3's attention). A window < 0 or a cap < 0 or not finite:
+ * DT_ERR_INVALID_ARG before any exchange. Ring attention has neither. */
+DT_API dt_status dt_cp_ulysses_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                                          int64_t D, int64_t window, float cap, float *y, float *lse);
+DT_API dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                          const float *lse, const float *dy, int64_t B, int64_t H, int64_t D,
+                                          int64_t window, float cap, float *dqkv);
 
 /* ---- context parallelism in a model -------------------------------------------------
  *
@@ -124,6 +135,12 @@ DT_API dt_cp_params dt_cp_params_default(void);
  * balanced), heads a multiple of cp for Ulysses. DT_ERR_INVALID_ARG naming
  * the numbers and the fix; DT_OK without a group. */
 DT_API dt_status dt_cp_check(const dt_cp_params *p, int64_t T, int64_t n_head);
+/* Whether causal attention over T positions with a sliding window (> 0;
+ * 0 none) and a soft cap of the scores (> 0; 0 none) runs under p: Ulysses
+ * takes both, ring attention neither (a window of T or more is none):
+ * DT_ERR_UNSUPPORTED naming the fix; a window < 0 or a cap < 0 or not
+ * finite DT_ERR_INVALID_ARG; DT_OK without a group. */
+DT_API dt_status dt_cp_check_window(const dt_cp_params *p, int64_t T, int64_t window, float cap);
 /* This rank's layout of T positions under p (dt_cp_layout_make). */
 DT_API dt_status dt_cp_layout_of(const dt_cp_params *p, int64_t T, dt_cp_layout *out);
 /* The rank's rows of x [B, T, ...] (dim 1 the sequence, T = l->T), in the
@@ -137,6 +154,13 @@ DT_API dt_tensor *dt_cp_local_rows(dt_ctx *ctx, const dt_cp_layout *l, dt_tensor
  * dtype: DT_ERR_UNSUPPORTED), no dropout. Collective over p->group in
  * forward and backward. */
 DT_API dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal);
+/* dt_cp_attention's causal attention with dt_attention_window's sliding
+ * window (> 0: query i sees the keys (i - window, i]; 0 or >= T: every
+ * earlier one) and soft cap of the scores (> 0; 0 none): Ulysses runs them
+ * (dt_cp_ulysses_window_fwd); ring attention takes neither a window shorter
+ * than the sequence nor a cap (dt_cp_check_window's refusal). */
+DT_API dt_tensor *dt_cp_attention_window(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head,
+                                         int64_t window, float softcap);
 /* The whole sequence's mean loss from this rank's mean `loss` (a scalar f32)
  * over its `count` counted rows: sum_r loss_r count_r / sum_r count_r over
  * the group (0 when nothing counts), the same value on every rank. Its

@@ -9,7 +9,10 @@
  *     dqkv rows equal the single-process rows at the same global positions
  *     (within 1e-5; the sums run in another order);
  *   - DeepSpeed-Ulysses' all-to-all variant, the same cases, and a head
- *     count that does not divide over the degree refused by name;
+ *     count that does not divide over the degree refused by name; with a
+ *     sliding window and a soft cap of the scores against
+ *     dt_k_attention_window_fwd/bwd on the whole sequence; ring attention
+ *     refuses both by name (dt_cp_check_window);
  *   - the layout: rank r of P holds chunks r and 2P-1-r when balanced
  *     (P = 2, T = 8: positions 0,1,6,7 and 2,3,4,5), and a length that does
  *     not divide into equal chunks is refused by name. */
@@ -174,7 +177,9 @@ TEST(layout_positions_and_uneven_refused)
 typedef struct {
     int64_t T;
     bool balance, causal, ulysses;
-    int64_t H; /* 0: 4 */
+    int64_t H;      /* 0: 4 */
+    int64_t window; /* with causal, Ulysses: a sliding window (0 none) */
+    float cap;      /* and a soft cap (0 none); either: the window kernels are the reference */
 } ring_case;
 
 static int body_ring(int rank, int P, void *arg)
@@ -198,8 +203,14 @@ static int body_ring(int rank, int P, void *arg)
     float *y = malloc(sizeof(float) * (size_t)(B * T * C)), *lse = malloc(sizeof(float) * (size_t)(B * H * T));
     float *dq = malloc(sizeof(float) * (size_t)(B * T * 3 * C));
     TH_CHECK(qkv && dy && y && lse && dq, "out of memory");
-    TH_OK(dt_k_attention_fwd(qkv, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, y, lse));
-    TH_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, dq));
+    const bool win = rc->window || rc->cap;
+    if (win) {
+        TH_OK(dt_k_attention_window_fwd(qkv, B, T, H, D, rc->window, rc->cap, y, lse));
+        TH_OK(dt_k_attention_window_bwd(qkv, y, lse, dy, B, T, H, D, rc->window, rc->cap, dq));
+    } else {
+        TH_OK(dt_k_attention_fwd(qkv, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, y, lse));
+        TH_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, dq));
+    }
     dt_cp_layout L;
     TH_OK(dt_cp_layout_make(rank, P, T, rc->balance, &L));
     const int64_t Tl = L.local_len;
@@ -213,7 +224,10 @@ static int body_ring(int rank, int P, void *arg)
             memcpy(lq + (b * Tl + i) * 3 * C, qkv + (b * T + g) * 3 * C, sizeof(float) * (size_t)(3 * C));
             memcpy(ldy + (b * Tl + i) * C, dy + (b * T + g) * C, sizeof(float) * (size_t)C);
         }
-    if (rc->ulysses) {
+    if (win) {
+        TH_OK(dt_cp_ulysses_window_fwd(pg, &L, lq, B, H, D, rc->window, rc->cap, ly, ll));
+        TH_OK(dt_cp_ulysses_window_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->window, rc->cap, ld));
+    } else if (rc->ulysses) {
         TH_OK(dt_cp_ulysses_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
         TH_OK(dt_cp_ulysses_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
     } else {
@@ -237,8 +251,9 @@ static int body_ring(int rank, int P, void *arg)
                 worst = e > worst ? e : worst;
             }
         }
-    TH_CHECK(worst <= TOL, "%s cp %d, T %lld, balance %d, causal %d: largest difference %.3g",
-             rc->ulysses ? "Ulysses" : "ring", P, (long long)T, rc->balance, rc->causal, worst);
+    TH_CHECK(worst <= TOL, "%s cp %d, T %lld, balance %d, causal %d, window %lld, cap %g: largest difference %.3g",
+             rc->ulysses ? "Ulysses" : "ring", P, (long long)T, rc->balance, rc->causal, (long long)rc->window,
+             (double)rc->cap, worst);
     free(qkv), free(dy), free(y), free(lse), free(dq), free(lq), free(ldy), free(ly), free(ll), free(ld);
     dt_pg_free(pg);
     return 0;
@@ -246,13 +261,22 @@ static int body_ring(int rank, int P, void *arg)
 
 static void ring(int P, int64_t T, bool balance, bool causal)
 {
-    ring_case rc = {T, balance, causal, false, 0};
+    ring_case rc = {T, balance, causal, false, 0, 0, 0.0f};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
 static void ulysses(int P, int64_t T, bool balance, bool causal, int64_t H)
 {
-    ring_case rc = {T, balance, causal, true, H};
+    ring_case rc = {T, balance, causal, true, H, 0, 0.0f};
+    ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
+}
+
+/* Ulysses with a sliding window of 5 over 24 positions (the balanced chunks of 6: a rank's rows see keys of
+ * other ranks' chunks, cut by the window), a soft cap of 0.8 (the scores of these inputs reach where tanh
+ * bends), and both */
+static void ulysses_window(int P, int64_t window, float cap)
+{
+    ring_case rc = {24, true, true, true, 4, window, cap};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
@@ -266,6 +290,44 @@ TEST(ulysses_cp2_balanced_causal) { ulysses(2, 24, true, true, 4); }
 TEST(ulysses_cp4_plain_causal) { ulysses(4, 20, false, true, 4); }
 TEST(ulysses_cp4_balanced_full) { ulysses(4, 16, true, false, 4); }
 TEST(ulysses_heads_must_divide) { ulysses(4, 16, true, true, 2); }
+TEST(ulysses_cp2_sliding_window) { ulysses_window(2, 5, 0.0f); }
+TEST(ulysses_cp2_soft_cap) { ulysses_window(2, 0, 0.8f); }
+TEST(ulysses_cp4_window_and_cap) { ulysses_window(4, 3, 0.8f); }
+
+/* Ring attention refuses a window shorter than the sequence and a cap by name (Ulysses is the fix), takes a window
+ * of the sequence or more; bad windows and caps refused; without a group every mask passes (one process) */
+static int body_check_window(int rank, int P, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, P, NULL, &pg));
+    dt_cp_params p = dt_cp_params_default();
+    p.group = pg;
+    TH_CHECK(dt_cp_check_window(&p, 16, 4, 0.0f) == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "--cp-impl ulysses")
+                 && strstr(dt_last_error(), "sliding_window 4"), "ring, window 4 of 16: %s", dt_last_error());
+    TH_CHECK(dt_cp_check_window(&p, 16, 0, 50.0f) == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "soft cap"),
+             "ring, cap 50: %s", dt_last_error());
+    TH_OK(dt_cp_check_window(&p, 16, 16, 0.0f)); /* a window of the whole sequence: none */
+    TH_OK(dt_cp_check_window(&p, 16, 0, 0.0f));
+    TH_CHECK(dt_cp_check_window(&p, 16, -1, 0.0f) == DT_ERR_INVALID_ARG, "window -1 taken");
+    p.impl = DT_CP_ULYSSES;
+    TH_OK(dt_cp_check_window(&p, 16, 4, 50.0f));
+    TH_CHECK(dt_cp_check_window(&p, 16, 4, NAN) == DT_ERR_INVALID_ARG, "cap NaN taken");
+    dt_cp_layout L;
+    float x[1];
+    TH_OK(dt_cp_layout_make(rank, P, 16, true, &L)); /* refused before any exchange: no rank waits */
+    TH_CHECK(dt_cp_ulysses_window_fwd(pg, &L, x, 1, 4, 8, -2, 0.0f, x, x) == DT_ERR_INVALID_ARG,
+             "Ulysses window -2: %s", dt_last_error());
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(window_and_cap_need_ulysses)
+{
+    dt_cp_params p = dt_cp_params_default();
+    ASSERT_OK(dt_cp_check_window(&p, 16, 4, 1.0f)); /* no group: one process, every mask */
+    ASSERT_EQ_INT(th_run(2, 60.0, body_check_window, NULL, NULL), 0);
+}
 
 /* The forked ranks first: a child of a process whose OpenMP pool has
  * started can hang in its first parallel region (libgomp is not fork-safe),
@@ -283,6 +345,10 @@ int main(void)
     RUN(ulysses_cp4_plain_causal);
     RUN(ulysses_cp4_balanced_full);
     RUN(ulysses_heads_must_divide);
+    RUN(ulysses_cp2_sliding_window);
+    RUN(ulysses_cp2_soft_cap);
+    RUN(ulysses_cp4_window_and_cap);
+    RUN(window_and_cap_need_ulysses);
     RUN(part_blocks_equal_whole_causal);
     RUN(part_blocks_equal_whole_full);
     RUN(part_long_blocks_causal);

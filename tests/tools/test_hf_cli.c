@@ -225,11 +225,33 @@ TEST(shape_options_refused)
     ASSERT(!strstr(r.out, "vocab size 1000"));
 }
 
+/* 5 AdamW steps of hf:HF<name> at --seq seq under --cp 2 with --cp-impl impl log one process's losses */
+static void cp_matches_one(const char *name, const char *seq, const char *impl)
+{
+    cli_result r;
+    char model[300], one[300], cp[300];
+    snprintf(model, sizeof model, "hf:" HF "%s", name);
+    snprintf(one, sizeof one, "%s/%s_one_%s.jsonl", cli_tmpdir(), name, seq);
+    snprintf(cp, sizeof cp, "%s/%s_cp_%s_%s.jsonl", cli_tmpdir(), name, impl, seq);
+    char *const base[] = {"train", "--model", model, "--data", "tokens:" HF "tokens.bin", "--no-eval", "--seq",
+                          (char *)seq, "--batch", "2", "--max-steps", "5", "--optimizer", "adamw", "--lr", "1e-2",
+                          "--threads", "1", "--progress", "none", "--log-every", "1", NULL};
+    char *const m1[] = {"--metrics", one, NULL};
+    char *const m2[] = {"--cp", "2", "--cp-impl", (char *)impl, "--metrics", cp, NULL};
+    char *const *l1[] = {base, m1}, *const *l2[] = {base, m2};
+    cli_run_ranks(&r, 120, NULL, 1, 2, l1);
+    ASSERT_EQ_INT(r.code, 0);
+    cli_run_ranks(&r, 180, NULL, 2, 2, l2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(cli_same_metrics(cp, one, 5, 0));
+}
+
 /* Mistral's sliding window (16 of 64 positions) and Gemma 2's (its even layers): a longer --seq runs through the
  * sliding-window attention: eval of tokens.bin's five 32-token windows gives transformers 5.25's mean loss of them
  * (computed once by hand, AutoModelForCausalLM, torch 2.15, CPU: 4.86210794 and 5.39986715); the default --seq is
- * the window; --save-hf keeps it; --cp with a sequence longer than the window is refused naming it. It was refused
- * whole, then longer sequences were. */
+ * the window; --save-hf keeps it; --cp 2 with a sequence longer than the window gives one process's losses under
+ * Ulysses' attention (the whole sequence of each rank's heads through the window kernel) and is refused under the
+ * ring's, exit 2 naming the window and the fix. It was refused whole, then longer sequences were, then --cp was. */
 TEST(mistral_sliding_window)
 {
     cli_result r;
@@ -266,7 +288,9 @@ TEST(mistral_sliding_window)
     char *const *l[] = {base};
     cli_run_ranks(&r, 120, NULL, 2, 1, l);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "context parallelism does not support a sliding window (sliding_window 16)");
+    ASSERT_STR_CONTAINS(r.err, "not a sliding window (sliding_window 16) shorter than the sequence (32 tokens)");
+    ASSERT_STR_CONTAINS(r.err, "--cp-impl ulysses");
+    cp_matches_one("mistral", "32", "ulysses");
 }
 
 /* A golden model (HF name) trained 3 steps and written with --save-hf: its
@@ -420,7 +444,8 @@ TEST(olmo2_save_hf_tp_and_pp)
 /* Gemma 2 (model_type gemma2, Gemma2ForCausalLM): the export keeps query_pre_attn_scalar, the soft caps (as
  * floats, which Gemma2Config requires) and the layers' kinds and evaluates to the run's own loss; --tp 2 (the
  * rank's heads, the logits' cap on its vocabulary columns) and --pp 2 (the head's unit caps the logits as the model
- * does) give one process's losses; --cp is refused, exit 2, naming the attention's soft cap. */
+ * does) give one process's losses; so does --cp 2 --cp-impl ulysses (the scores capped on each rank's heads of the
+ * whole sequence); the ring's --cp is refused, exit 2, naming the soft cap and the fix. */
 TEST(gemma2_save_hf_tp_and_pp)
 {
     save_hf_and_parallel("gemma2",
@@ -436,14 +461,16 @@ TEST(gemma2_save_hf_tp_and_pp)
     char *const *l[] = {base};
     cli_run_ranks(&r, 120, NULL, 2, 1, l);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "attention soft-capping");
+    ASSERT_STR_CONTAINS(r.err, "ring attention has no soft cap of the scores (cap 5");
+    ASSERT_STR_CONTAINS(r.err, "--cp-impl ulysses");
+    cp_matches_one("gemma2", "16", "ulysses");
 }
 
 /* Gemma 3 (model_type gemma3_text, Gemma3ForCausalLM): the export keeps both RoPE bases (the sliding layers'
  * as rope_local_base_freq), the full layers' linear scaling, the window and the layers' kinds, and evaluates to the
  * run's own loss; --tp 2 (the head norms replicated, their gradients summed) and --pp 2 give one process's losses,
  * and so does --cp 2 at 8 tokens (the window: each rank rotates its 4 rows at their global positions with its
- * layer's base). */
+ * layer's base), and at 16 under Ulysses (past the window). */
 TEST(gemma3_save_hf_tp_pp_and_cp)
 {
     save_hf_and_parallel("gemma3",
@@ -454,20 +481,8 @@ TEST(gemma3_save_hf_tp_pp_and_cp)
                                                "\"sliding_attention\"",
                                                "\"hidden_activation\":\t\"gelu_pytorch_tanh\"", NULL},
                          true, true);
-    cli_result r;
-    char one[300], cp[300];
-    snprintf(one, sizeof one, "%s/gemma3_one8.jsonl", cli_tmpdir());
-    snprintf(cp, sizeof cp, "%s/gemma3_cp.jsonl", cli_tmpdir());
-    char *const base[] = {"train", "--model", "hf:" HF "gemma3", "--data", "tokens:" HF "tokens.bin", "--no-eval",
-                          "--seq", "8", "--batch", "2", "--max-steps", "5", "--optimizer", "adamw", "--lr", "1e-2",
-                          "--threads", "1", "--progress", "none", "--log-every", "1", NULL};
-    char *const m1[] = {"--metrics", one, NULL}, *const m2[] = {"--cp", "2", "--metrics", cp, NULL};
-    char *const *l1[] = {base, m1}, *const *l2[] = {base, m2};
-    cli_run_ranks(&r, 120, NULL, 1, 2, l1);
-    ASSERT_EQ_INT(r.code, 0);
-    cli_run_ranks(&r, 180, NULL, 2, 2, l2);
-    ASSERT_EQ_INT(r.code, 0);
-    ASSERT(cli_same_metrics(cp, one, 5, 0));
+    cp_matches_one("gemma3", "8", "ring");
+    cp_matches_one("gemma3", "16", "ulysses");
 }
 
 /* Gemma 3's image-text model (Gemma3ForConditionalGeneration around gemma3's weights, with a vision tower): its

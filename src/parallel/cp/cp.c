@@ -311,11 +311,25 @@ static dt_status ulysses_args(const char *fn, dt_pg *cp, const dt_cp_layout *l, 
     return st;
 }
 
-dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
-                            bool causal, float *y, float *lse)
+/* The rank's heads' attention over the whole sequence (after the exchange): the blocked kernel, or with a
+ * sliding window shorter than T or a soft cap (causal) the window kernel */
+static bool windowed(int64_t T, int64_t window, float cap) { return cap > 0.0f || (window > 0 && window < T); }
+
+/* before any exchange: a bad window or cap fails every rank alike, none waiting */
+static dt_status mask_args(const char *fn, int64_t window, float cap)
 {
-    const char *fn = "dt_cp_ulysses_fwd";
+    if (window < 0 || !(cap >= 0.0f) || !isfinite(cap))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: sliding window %lld must be >= 0 and soft cap %g finite and >= 0", fn,
+                        (long long)window, (double)cap);
+    return DT_OK;
+}
+
+static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                             int64_t D, bool causal, int64_t window, float cap, float *y, float *lse)
+{
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
+    if (st >= 0)
+        st = mask_args(fn, window, cap);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -328,7 +342,8 @@ dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, 
     if (st >= 0)
         st = heads_exchange(cp, l, (float *)qkv, B, 3, H, D, qg, false);
     if (st >= 0)
-        st = dt_k_attention_fwd(qg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, yg, lg);
+        st = windowed(T, window, cap) ? dt_k_attention_window_fwd(qg, B, T, Hp, D, window, cap, yg, lg)
+                                      : dt_k_attention_fwd(qg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, yg, lg);
     if (st >= 0)
         st = heads_exchange(cp, l, y, B, 1, H, D, yg, true);
     if (st >= 0)
@@ -339,11 +354,13 @@ dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, 
     return st;
 }
 
-dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
-                            const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
+static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                             const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
+                             int64_t window, float cap, float *dqkv)
 {
-    const char *fn = "dt_cp_ulysses_bwd";
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
+    if (st >= 0)
+        st = mask_args(fn, window, cap);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -363,7 +380,9 @@ dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, 
     if (st >= 0)
         st = lse_exchange(cp, l, (float *)lse, B, H, lg, false);
     if (st >= 0)
-        st = dt_k_attention_bwd(qg, yg, lg, dg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, dq);
+        st = windowed(T, window, cap)
+                 ? dt_k_attention_window_bwd(qg, yg, lg, dg, B, T, Hp, D, window, cap, dq)
+                 : dt_k_attention_bwd(qg, yg, lg, dg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, dq);
     if (st >= 0)
         st = heads_exchange(cp, l, dqkv, B, 3, H, D, dq, true);
     free(qg);
@@ -372,4 +391,30 @@ dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, 
     free(dg);
     free(lg);
     return st;
+}
+
+dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                            bool causal, float *y, float *lse)
+{
+    return ulysses_fwd("dt_cp_ulysses_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, y, lse);
+}
+
+dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                            const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
+{
+    return ulysses_bwd("dt_cp_ulysses_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, dqkv);
+}
+
+/* window and cap as dt_k_attention_window_fwd takes them (checked there, on every rank alike) */
+dt_status dt_cp_ulysses_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                                   int64_t window, float cap, float *y, float *lse)
+{
+    return ulysses_fwd("dt_cp_ulysses_window_fwd", cp, l, qkv, B, H, D, true, window, cap, y, lse);
+}
+
+dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                   const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t window,
+                                   float cap, float *dqkv)
+{
+    return ulysses_bwd("dt_cp_ulysses_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, dqkv);
 }

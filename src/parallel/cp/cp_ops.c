@@ -18,6 +18,7 @@
  * Megatron scales its context-parallel loss by the cp size). */
 #include "dtrain/cp.h"
 
+#include <math.h>
 #include <string.h>
 
 static const char *const k_impl_names[DT_CP_IMPL_COUNT] = {"ring", "ulysses"};
@@ -67,6 +68,25 @@ dt_status dt_cp_check(const dt_cp_params *p, int64_t T, int64_t n_head)
     return DT_OK;
 }
 
+dt_status dt_cp_check_window(const dt_cp_params *p, int64_t T, int64_t window, float cap)
+{
+    if (!p || !p->group || dt_pg_size(p->group) <= 1)
+        return DT_OK;
+    if (window < 0 || !(cap >= 0.0f) || !isfinite(cap))
+        return dt_error(DT_ERR_INVALID_ARG, "context parallelism: sliding window %lld must be >= 0 and soft cap %g "
+                        "finite and >= 0", (long long)window, (double)cap);
+    if (p->impl == DT_CP_ULYSSES || (cap == 0.0f && (window == 0 || window >= T)))
+        return DT_OK;
+    if (cap != 0.0f)
+        return dt_error(DT_ERR_UNSUPPORTED, "context parallelism: ring attention has no soft cap of the scores (cap "
+                        "%g, as Gemma 2's attn_logit_softcapping): use DeepSpeed-Ulysses' attention (--cp-impl "
+                        "ulysses; dt_cp_params.impl DT_CP_ULYSSES)", (double)cap);
+    return dt_error(DT_ERR_UNSUPPORTED, "context parallelism: ring attention sees every earlier position, not a sliding "
+                    "window (sliding_window %lld) shorter than the sequence (%lld tokens): use DeepSpeed-Ulysses' "
+                    "attention (--cp-impl ulysses; dt_cp_params.impl DT_CP_ULYSSES) or --seq %lld or less",
+                    (long long)window, (long long)T, (long long)window);
+}
+
 dt_status dt_cp_layout_of(const dt_cp_params *p, int64_t T, dt_cp_layout *out)
 {
     if (!p || !p->group)
@@ -111,6 +131,8 @@ typedef struct {
     dt_cp_layout l;
     dt_cp_impl impl;
     bool causal;
+    int64_t window; /* with causal: a sliding window (0 none) and a soft cap (0 none): Ulysses only */
+    float cap;
     int64_t B, H, D;
     const float *qkv, *y; /* (B, Tl, 3C), (B, Tl, C): arena temporaries */
     float *lse;           /* (B, H, Tl) */
@@ -122,17 +144,20 @@ static dt_status attn_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor
     const attn_saved *a = ud;
     if (!gin[0]) /* still collective: every rank runs the same exchanges */
         return dt_error(DT_ERR_STATE, "context-parallel attention backward: the input needs no gradient");
-    dt_status st = a->impl == DT_CP_ULYSSES
-                       ? dt_cp_ulysses_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
-                                           a->causal, gin[0]->data)
-                       : dt_cp_attention_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
-                                             a->causal, gin[0]->data);
+    dt_status st = a->impl != DT_CP_ULYSSES
+                       ? dt_cp_attention_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
+                                             a->causal, gin[0]->data)
+                   : a->causal ? dt_cp_ulysses_window_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H,
+                                                          a->D, a->window, a->cap, gin[0]->data)
+                               : dt_cp_ulysses_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
+                                                   false, gin[0]->data);
     return st < 0 ? dt_error_wrap(st, "context-parallel attention backward") : DT_OK;
 }
 
-dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal)
+/* dt_cp_attention, with causal: also a sliding window and a soft cap (Ulysses) */
+static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv, int n_head,
+                               bool causal, int64_t window, float cap)
 {
-    const char *op = "dt_cp_attention";
     char s[64];
     if (!qkv) {
         if (dt_last_status() == DT_OK)
@@ -158,11 +183,16 @@ dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, i
     if (!a)
         return NULL;
     memset(a, 0, sizeof *a);
-    a->cp = p->group, a->impl = p->impl, a->causal = causal;
+    a->cp = p->group, a->impl = p->impl, a->causal = causal, a->window = window, a->cap = cap;
     a->B = qkv->shape[0], a->H = n_head, a->D = qkv->shape[2] / (3 * (int64_t)n_head);
-    dt_status st = dt_cp_check(p, qkv->shape[1] * P, n_head);
-    if (st < 0 || (st = dt_cp_layout_of(p, qkv->shape[1] * P, &a->l)) < 0)
+    const int64_t T = qkv->shape[1] * P;
+    dt_status st = dt_cp_check(p, T, n_head);
+    if (st < 0 || (st = dt_cp_layout_of(p, T, &a->l)) < 0)
         return NULL;
+    if (causal && (st = dt_cp_check_window(p, T, window, cap)) < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
+    }
     dt_tensor *c = dt_contiguous(ctx, qkv);
     const int64_t Tl = qkv->shape[1], C = n_head * a->D;
     dt_tensor *y = c ? dt_tensor_empty(ctx, DT_F32, 3, (int64_t[]){a->B, Tl, C}) : NULL;
@@ -170,15 +200,26 @@ dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, i
     if (!a->lse)
         return NULL;
     a->qkv = c->data, a->y = y->data;
-    st = p->impl == DT_CP_ULYSSES ? dt_cp_ulysses_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, causal, y->data,
-                                                      a->lse)
-                                  : dt_cp_attention_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, causal, y->data,
-                                                        a->lse);
+    st = p->impl != DT_CP_ULYSSES ? dt_cp_attention_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, causal, y->data,
+                                                        a->lse)
+         : causal ? dt_cp_ulysses_window_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, window, cap, y->data, a->lse)
+                  : dt_cp_ulysses_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, false, y->data, a->lse);
     if (st < 0) {
         dt_error_wrap(st, "context-parallel attention (%s, cp %d)", dt_cp_impl_name(p->impl), P);
         return NULL;
     }
     return dt_ag_custom(ctx, 1, &qkv, y, attn_bwd, a);
+}
+
+dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal)
+{
+    return cp_attention(ctx, "dt_cp_attention", p, qkv, n_head, causal, 0, 0.0f);
+}
+
+dt_tensor *dt_cp_attention_window(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int64_t window,
+                                  float softcap)
+{
+    return cp_attention(ctx, "dt_cp_attention_window", p, qkv, n_head, true, window, softcap);
 }
 
 /* ---- the loss over the whole sequence ------------------------------------------------- */
