@@ -12,6 +12,13 @@
 # pages (THP_MEM_ALLOC_ENABLE=1, bench/peer_huge_pages.py) as dtrain does.
 #
 #   PEER_PYTHON=... bench/llama_vs_torch.sh [--rounds 3] [--threads 2] [--batch 4] [--seq 64] [--steps 5]
+#                                          [--hf-config FILE]
+#
+# --hf-config FILE: another Llama-family model in place of llama-100m, a
+# transformers config.json (bench/configs/gemma3_100m.json: a Gemma 3 of
+# 77M with sliding windows of 512); the peer's python draws its weights into
+# a temporary Hugging Face directory that both sides read (dtrain's
+# --model hf:DIR, the peer's from_pretrained).
 #
 # torch.compile compiles in its warm-up steps (minutes on 2 cores the first
 # time; the inductor cache keeps the kernels for later runs). Set BUILD=dir
@@ -19,26 +26,42 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-rounds=3 threads=2 batch=4 seq=64 steps=5
+rounds=3 threads=2 batch=4 seq=64 steps=5 hfcfg=
 while [ $# -gt 0 ]; do
   case "$1" in
+    --hf-config) hfcfg=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --seq) seq=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    *) echo "usage: $0 [--rounds N] [--threads T] [--batch B] [--seq T] [--steps S]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rounds N] [--threads T] [--batch B] [--seq T] [--steps S] [--hf-config FILE]" >&2; exit 2 ;;
   esac
 done
 dt=$BUILD/dtrain
 [ -x "$dt" ] || { echo "$0: $dt not built" >&2; exit 1; }
 [ -n "${PEER_PYTHON:-}" ] || { echo "$0: set PEER_PYTHON to a python with torch and transformers" >&2; exit 1; }
 py=("$PEER_PYTHON" bench/torch_llama_step.py --threads "$threads" --batch "$batch" --seq "$seq" --bf16 --steps "$steps")
+model=llama-100m
+if [ -n "$hfcfg" ]; then
+  [ -f "$hfcfg" ] || { echo "$0: --hf-config $hfcfg: no such file" >&2; exit 2; }
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/dt_hfbench_XXXXXX")
+  trap 'rm -rf "$dir"' EXIT
+  cp "$hfcfg" "$dir/config.json"
+  "$PEER_PYTHON" - "$dir" <<'PY' 2>/dev/null
+import sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[1])
+PY
+  model=hf:$dir py+=(--hf-dir "$dir")
+  echo "model: $hfcfg ($("$dt" bench step --model "$model" --batch 1 --seq 8 --steps 1 --warmup 0 --peak-reps 0 --json | sed -n 's/.*"params":\([0-9]*\).*/\1/p') parameters)"
+fi
 med() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 field() { sed -n "s/.*$1[\": ]*\([0-9.]*\).*/\1/p" | head -1; }
 declare -A wall cpu
 for r in $(seq 1 "$rounds"); do
-  out=$("$dt" bench step --model llama-100m --precision bf16 --batch "$batch" --seq "$seq" --threads "$threads" \
+  out=$("$dt" bench step --model "$model" --precision bf16 --batch "$batch" --seq "$seq" --threads "$threads" \
         --steps "$steps" --peak-reps 0 --json)
   wall[dtrain]+="$(echo "$out" | field median_ms) " cpu[dtrain]+="$(echo "$out" | field '"cpu_ms') "
   out=$("${py[@]}" --warmup 2 --compile 2>/dev/null | tail -1)
