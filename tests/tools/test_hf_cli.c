@@ -536,6 +536,23 @@ static void generate_goldens(const char *model, const gen_golden *cases, size_t 
     }
 }
 
+/* The sliding-window goldens' four generations into c[0..3], with the model's new tokens want[0..3]: greedy with
+ * no_repeat_ngram_size 2 from 5 6 7 (40 new tokens) and from prompt20 (20), beam search of 3 from 5 6 7 (30) and
+ * of 4 from prompt20 (20), the same way */
+static void window_cases(gen_golden *c, const char *const want[4])
+{
+    static const gen_golden k[4] = {
+        {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"}, NULL},
+        {NULL, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"}, NULL},
+        {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"}, NULL},
+        {NULL, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"}, NULL},
+    };
+    for (int i = 0; i < 4; i++) {
+        c[i] = k[i];
+        c[i].want = want[i];
+    }
+}
+
 /* Gemma 2's sliding layers (0 and 2 of the golden's 3; window 16) and its full one, as transformers generates
  * past the window: transformers 5.25's model.generate(ids, do_sample=False, pad_token_id=0, ...) (torch 2.15, CPU)
  * gave these new tokens, once, for the prompts 5 6 7 and a 20-token one (longer than the window): greedy with
@@ -544,18 +561,14 @@ static void generate_goldens(const char *model, const gen_golden *cases, size_t 
  * 54 54 113 113 18 ... */
 TEST(generate_gemma2)
 {
-    static const gen_golden cases[] = {
-        {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"},
-         "| 7 49 49 7 16 82 82 44 44 8 8 111 111 123 123 48 48 63 63 48 123 53 53 24 24 65 65 24 54 54 24 51 51 7 56 "
-         "56 7 93 93 41\n"},
-        {NULL, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
-         "| 113 113 18 18 113 118 118 113 78 78 113 42 42 103 103 76 76 61 61 76\n"},
-        {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"},
-         "| 16 16 95 95 67 27 27 48 48 63 48 2\n"},
-        {NULL, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
-         "| 54 54 113 18 18 113 113 118 113 78 113 65 65 14 97 97 99 99 55 55\n"},
-    };
-    generate_goldens("gemma2", cases, sizeof cases / sizeof cases[0]);
+    gen_golden c[4];
+    window_cases(c, (const char *const[]){
+        "| 7 49 49 7 16 82 82 44 44 8 8 111 111 123 123 48 48 63 63 48 123 53 53 24 24 65 65 24 54 54 24 51 51 7 56 "
+        "56 7 93 93 41\n",
+        "| 113 113 18 18 113 118 118 113 78 78 113 42 42 103 103 76 76 61 61 76\n",
+        "| 16 16 95 95 67 27 27 48 48 63 48 2\n",
+        "| 54 54 113 18 18 113 113 118 113 78 113 65 65 14 97 97 99 99 55 55\n"});
+    generate_goldens("gemma2", c, 4);
 }
 
 /* Gemma 3's sliding layers (window 8, base 100) and its full one (base 10000, linear scaling), as transformers
@@ -564,17 +577,13 @@ TEST(generate_gemma2)
  * case ends at the stop token 2); dtrain with the cache and without. */
 TEST(generate_gemma3)
 {
-    static const gen_golden cases[] = {
-        {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"},
-         "| 92 63 92 92 116 92 64 92 91 93 64 64 98 98 64 32 7 7 82 82 7 20 64 108 108 64 121 121 64 2\n"},
-        {NULL, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
-         "| 44 44 98 98 81 81 8 29 29 107 107 89 89 78 107 120 46 46 120 120\n"},
-        {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"},
-         "| 92 63 92 109 64 64 98 98 121 64 35 35 82 82 12 12 84 84 24 82 103 103 31 31 11 11 57 57 81 81\n"},
-        {NULL, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
-         "| 44 44 98 98 81 81 8 29 29 107 107 89 89 78 107 120 46 46 90 90\n"},
-    };
-    generate_goldens("gemma3", cases, sizeof cases / sizeof cases[0]);
+    gen_golden c[4];
+    window_cases(c, (const char *const[]){
+        "| 92 63 92 92 116 92 64 92 91 93 64 64 98 98 64 32 7 7 82 82 7 20 64 108 108 64 121 121 64 2\n",
+        "| 44 44 98 98 81 81 8 29 29 107 107 89 89 78 107 120 46 46 120 120\n",
+        "| 92 63 92 109 64 64 98 98 121 64 35 35 82 82 12 12 84 84 24 82 103 103 31 31 11 11 57 57 81 81\n",
+        "| 44 44 98 98 81 81 8 29 29 107 107 89 89 78 107 120 46 46 90 90\n"});
+    generate_goldens("gemma3", c, 4);
 }
 
 /* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
@@ -935,20 +944,17 @@ TEST(generate_processors_and_beams)
 TEST(generate_sliding_window)
 {
     static cli_result r;
-    static const gen_golden cases[] = {
-        {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"},
-         "| 53 28 92 74 87 83 11 115 48 23 94 57 33 53 1 29 11 28 26 92 104 27 29 83 74 120 54 44 40 21 109 115 77 39 "
-         "123 59 117 87 27 20\n"},
-        {NULL, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
-         "| 50 82 82 59 7 96 29 11 28 31 100 96 12 77 39 123 59 117 87 83\n"},
-        {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"},
-         "| 96 124 109 115 48 23 3 22 124 1 115 77 39 60 88 33 53 28 89 82 82 59 117 87 83 11 119 105 109 53\n"},
-        {NULL, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
-         "| 50 82 82 59 7 96 20 116 51 59 117 87 83 11 115 48 23 94 45 53\n"},
-        {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--eos-id", "83", "--length-penalty", "2"},
-         "| 96 124 109 115 48 23 3 22 124 109 115 48 23 3 22 104 6 109 115 48 23 19 11 115 48 23 19 11 115 48\n"},
-    };
-    generate_goldens("mistral", cases, sizeof cases / sizeof cases[0]);
+    gen_golden c[5] = {[4] = {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--eos-id", "83",
+                                        "--length-penalty", "2"},
+                              "| 96 124 109 115 48 23 3 22 124 109 115 48 23 3 22 104 6 109 115 48 23 19 11 115 48 23 "
+                              "19 11 115 48\n"}};
+    window_cases(c, (const char *const[]){
+        "| 53 28 92 74 87 83 11 115 48 23 94 57 33 53 1 29 11 28 26 92 104 27 29 83 74 120 54 44 40 21 109 115 77 39 "
+        "123 59 117 87 27 20\n",
+        "| 50 82 82 59 7 96 29 11 28 31 100 96 12 77 39 123 59 117 87 83\n",
+        "| 96 124 109 115 48 23 3 22 124 1 115 77 39 60 88 33 53 28 89 82 82 59 117 87 83 11 119 105 109 53\n",
+        "| 50 82 82 59 7 96 20 116 51 59 117 87 83 11 115 48 23 94 45 53\n"});
+    generate_goldens("mistral", c, 5);
     /* inside the window both run, to the same tokens */
     static char on[sizeof r.out];
     cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "mistral", "--prompt-ids", "5,6,7",
