@@ -357,9 +357,9 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
             prf = get_num(r, rs, "partial_rotary_factor", prf);
         const double w = (double)c->head_dim * prf;
         if (r->st >= 0 && (!(prf > 0.0 && prf <= 1.0) || w < 2.0 || (int64_t)w % 2))
-            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"partial_rotary_factor\": %g of head_dim %lld gives %lld "
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"partial_rotary_factor\": %g of head_dim %lld gives %g "
                              "rotary values; it must be in (0, 1] and give an even number >= 2", r->path, prf,
-                             (long long)c->head_dim, (long long)(w > 0 ? w : 0));
+                             (long long)c->head_dim, floor(w > 0 ? w : 0)); /* (a huge w fits no integer) */
         else if (r->st >= 0 && (int64_t)w != c->head_dim)
             c->rotary_dim = (int64_t)w; /* int() truncates, as transformers' */
     }

@@ -670,7 +670,7 @@ TEST(config_gemma3)
 
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
  * to int64 was undefined behaviour) or negative is a format error naming
- * the key, never a silent value. */
+ * the key, never a silent value; so is a huge partial_rotary_factor. */
 TEST(config_bad_token_id)
 {
     static const char *const bad[] = {"1.66667e+63", "-1", "2147483648", "1.5", "[1e300]"};
@@ -685,6 +685,12 @@ TEST(config_bad_token_id)
         ASSERT_STATUS(read_config_text(text, &h), DT_ERR_FORMAT);
         ASSERT(strstr(dt_last_error(), "eos_token_id") != NULL);
     }
+    /* the fuzzer's: a Phi-3 partial_rotary_factor of 1e43, whose rotary width the message cast to an integer */
+    dt_hf_config h;
+    ASSERT_STATUS(read_config_text("{\"architectures\": [\"Phi3ForCausalLM\"], \"hidden_size\": 32, "
+                                   "\"num_attention_heads\": 4, \"vocab_size\": 128, \"pad_token_id\": null, "
+                                   "\"partial_rotary_factor\": 1.1e43}", &h), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "partial_rotary_factor");
 }
 
 /* config.json read strictly: a key given twice (transformers, through
