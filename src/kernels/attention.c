@@ -54,7 +54,21 @@
  * (fwd_rows_bf16, bwd_head_bf16), within the bound kernels.h states.
  * Where the CPU has AMX the products of that path run on the tiles
  * instead (fwd_task_amx, bwd_task_amx: see "the products on the AMX
- * tiles" below). */
+ * tiles" below).
+ *
+ * A sliding window (dt_k_attention_window_fwd/_bwd and their _lp
+ * versions, attention_window.c; causal, no dropout): query i sees the keys
+ * (i - window, i]. A forward task copies only the keys its rows see and
+ * walks the key blocks from the one that holds its first row's first key;
+ * the backward, for each key block, only the rows that see one of its
+ * keys; so the work is O(T window), not O(T^2). Inside a block that
+ * straddles a row's window edge the row's scores start at its first key
+ * as the causal mask ends them at the diagonal, and each key's sums over
+ * the rows end at the last row that sees it (key blocks and rows the
+ * window hides are never read, as the causal mask's are not: a NaN there
+ * changes nothing). Window 0 (none; the entry points make a window of T
+ * or more 0) runs the same code with every start 0 and every end T: the
+ * bits of the causal kernel. */
 #include "attention_impl.h"
 #include "kernels/attention_amx.h"
 
@@ -88,6 +102,15 @@ static dt_status attn_args(const char *fn, int64_t B, int64_t T, int64_t H, int6
 static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t i, int64_t j)
 {
     return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
+}
+
+/* The first key query i sees under a window (0: none), and one past the
+ * last row that sees key j (of T rows). */
+static inline int64_t att_first(int64_t i, int64_t window) { return window > 0 && i >= window ? i + 1 - window : 0; }
+
+static inline int64_t att_rows_end(int64_t j, int64_t window, int64_t T)
+{
+    return window > 0 && j + window < T ? j + window : T;
 }
 
 /* Per-thread scratch of the backward: a transposed key block and a
@@ -339,25 +362,26 @@ DT__AVX512 static void fast_bwd_probs_t(const float *sc, const float *dp, int64_
 }
 
 /* A query row of the forward on the tiles (no dropout) in one pass after
- * its max: sr[j] scale for j < n, exponentiated against their max (*mx) as
- * fast_scale_max and fast_exp_sum do, rounded to bf16 straight into dst
- * (cols values: 0 past n, as the padded keys) as bf16_pairs_f32 rounds;
- * returns the sum of the exponentials in fast_exp_sum's order (the same
- * bits as those three passes). */
-DT__AVX512BF16 static float fast_softmax_bf16(const float *sr, int64_t n, int64_t cols, float scale, float *mx,
-                                              uint16_t *dst)
+ * its max: sr[j] scale for lo <= j < n, exponentiated against their max
+ * (*mx) as fast_scale_max and fast_exp_sum do, rounded to bf16 straight
+ * into dst (cols values: 0 before lo, the keys a window hides, and past n,
+ * as the padded keys) as bf16_pairs_f32 rounds; returns the sum of the
+ * exponentials in fast_exp_sum's order (the same bits as those three
+ * passes). */
+DT__AVX512BF16 static float fast_softmax_bf16(const float *sr, int64_t lo, int64_t n, int64_t cols, float scale,
+                                              float *mx, uint16_t *dst)
 {
     const __m512 vs = _mm512_set1_ps(scale);
     __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = lanes16(j, n);
+    for (int64_t j = lo & ~(int64_t)15; j < n; j += 16) {
+        const __mmask16 k = lanes_in(j, lo, n);
         m = _mm512_mask_max_ps(m, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sr + j), vs), m);
     }
     *mx = _mm512_reduce_max_ps(m);
     const __m512 vm = _mm512_set1_ps(*mx);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < cols; j += 32) {
-        const __mmask16 k0 = j < n ? lanes16(j, n) : 0, k1 = j + 16 < n ? lanes16(j + 16, n) : 0;
+        const __mmask16 k0 = lanes_in(j, lo, n), k1 = lanes_in(j + 16, lo, n);
         const __m512 x0 = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k0, sr + j), vs), vm);
         const __m512 x1 = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k1, sr + j + 16), vs), vm);
         const __m512 e0 = _mm512_maskz_mov_ps(k0, dt__expf16(x0)), e1 = _mm512_maskz_mov_ps(k1, dt__expf16(x1));
@@ -379,16 +403,18 @@ DT__AVX512 static float fast_dot16(const float *a, const float *b, int64_t n)
 }
 
 /* fwd_rows on the avx512_bf16 path (DT__ATT_BF16): q rows as bf16 pairs
- * along D at qp + r D2, the head's keys likewise, transposed (kp: pair d2
- * of key j at d2 ldT + j), its values paired along the keys (vp: keys 2 j2
- * and 2 j2 + 1 at j2 D, pair_rows). Each key block's probabilities are
- * rounded to bf16 (after the dropout's scaling; their f32 values make the
- * row's sum) and multiply the values by vdpbf16ps (rows_acc_bf16), as
- * flash-attention kernels do for bf16 inputs. */
+ * along D at qp + r D2, the head's keys from kb (even) likewise, transposed
+ * (kp: pair d2 of key kb + j at d2 ldT + j), its values paired along the
+ * keys (vp: keys kb + 2 j2 and kb + 2 j2 + 1 at j2 D, pair_rows). Each key
+ * block's probabilities are rounded to bf16 (after the dropout's scaling;
+ * their f32 values make the row's sum) and multiply the values by
+ * vdpbf16ps (rows_acc_bf16), as flash-attention kernels do for bf16
+ * inputs. A row whose window starts at an odd key takes the pair before it
+ * with that half hidden (rows_acc_bf16's lo0). */
 DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const uint32_t *kp, int64_t ldT,
-                                         const uint32_t *vp, int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal,
-                                         float p, dt_rng_key key, int64_t i0, int64_t i1, float *y, uint16_t *ylp,
-                                         float *lse)
+                                         const uint32_t *vp, int64_t kb, int64_t T, int64_t C, int64_t D, int64_t gbh,
+                                         bool causal, int64_t window, float p, dt_rng_key key, int64_t i0, int64_t i1,
+                                         float *y, uint16_t *ylp, float *lse)
 {
     const int64_t nq = i1 - i0, D2 = (D + 1) / 2;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -401,25 +427,31 @@ DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const u
         memset(acc[r], 0, (size_t)D * sizeof(float));
     }
     int64_t kend = causal ? i1 : T;
-    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+    for (int64_t j0 = att_first(i0, window) / BK * BK; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
         for (int64_t r = 0; r < nq; r++) {
-            int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1, n = je - j0;
+            int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1, js = att_first(i, window);
+            js = js > j0 ? js : j0; /* the row's keys of the block: [js, je) */
+            const int64_t n = je - js, odd = (js - kb) & 1;
             if (n <= 0)
                 continue;
-            row_dots_bf16(qp + r * D2, kp + j0, ldT, D2, n, s);
-            float mx = fast_scale_max(s, n, scale, m[r]);
+            float *sr = s + odd; /* s[0]: the hidden half of the first pair (n + odd <= BK: js > j0 then) */
+            row_dots_bf16(qp + r * D2, kp + (js - kb), ldT, D2, n, sr);
+            float mx = fast_scale_max(sr, n, scale, m[r]);
             float corr = expf(m[r] - mx); /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
             for (int64_t d = 0; d < D; d += 16) {
                 const __mmask16 k = att_lanes(d, D);
                 _mm512_mask_storeu_ps(a + d, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, a + d), _mm512_set1_ps(corr)));
             }
-            float sum = fast_exp_sum(s, n, mx);
-            for (int64_t j = j0; j < je && p > 0.0f; j++)
-                s[j - j0] = keep(key, p, gbh, T, i, j) ? s[j - j0] * pscale : 0.0f;
-            bf16_pairs_f32(s, n, sp);
-            rows_acc_bf16(a, sp, 1, vp + (j0 / 2) * D, D, (n + 1) / 2, D, false, (n & 1) != 0);
+            float sum = fast_exp_sum(sr, n, mx);
+            for (int64_t j = js; j < je && p > 0.0f; j++)
+                sr[j - js] = keep(key, p, gbh, T, i, j) ? sr[j - js] * pscale : 0.0f;
+            if (odd)
+                s[0] = 0.0f;
+            bf16_pairs_f32(s, n + odd, sp);
+            rows_acc_bf16(a, sp, 1, vp + ((js - odd - kb) / 2) * D, D, (n + odd + 1) / 2, D, odd != 0,
+                          ((n + odd) & 1) != 0);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
@@ -429,15 +461,17 @@ DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const u
 #endif
 
 /* Query rows [i0, i1) (at most BQ) of one head: q row r at q + r ldq, the
- * head's keys transposed in kT (key j at column j of D rows of stride ldT,
- * zero past the last key up to a multiple of 8), its value rows j at v + j
- * ldv, the output rows at y + i C (and rounded to t at ylp + i C when ylp
- * is not NULL), lse at lse[i]. gbh: the dropout mask's head (b Ht + h0 +
- * h). Cloned for AVX2: the loops along keys and along D vectorise; no sum
- * is reordered, so both clones give the same bits. */
+ * head's keys from kb (a multiple of 8) transposed in kT (key kb + j at
+ * column j of D rows of stride ldT, zero past the last key up to a
+ * multiple of 8), its value rows kb + j at v + j ldv, the output rows at y
+ * + i C (and rounded to t at ylp + i C when ylp is not NULL), lse at
+ * lse[i]. gbh: the dropout mask's head (b Ht + h0 + h). Cloned for AVX2:
+ * the loops along keys and along D vectorise; no sum is reordered, so both
+ * clones give the same bits. */
 DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *kT, int64_t ldT,
-                               const float *v, int64_t ldv, int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal,
-                               float p, dt_rng_key key, int64_t i0, int64_t i1, float *y, uint16_t *ylp, float *lse)
+                               const float *v, int64_t ldv, int64_t kb, int64_t T, int64_t C, int64_t D, int64_t gbh,
+                               bool causal, int64_t window, float p, dt_rng_key key, int64_t i0, int64_t i1, float *y,
+                               uint16_t *ylp, float *lse)
 {
     const int64_t nq = i1 - i0;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -449,22 +483,26 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
         memset(acc[r], 0, (size_t)D * sizeof(float));
     }
     int64_t kend = causal ? i1 : T;
-    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+    for (int64_t j0 = att_first(i0, window) / BK * BK; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
         for (int64_t r = 0; r < nq; r++) {
-            int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
-            if (je <= j0)
+            int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1, js = att_first(i, window);
+            js = js > j0 ? js : j0; /* the row's keys of the block: [js, je) */
+            if (je <= js)
                 continue;
-            row_dots(vec, q + r * ldq, kT + j0, ldT, D, je - j0, s);
-            float mx = m[r];
+            /* the scores from ja, js rounded down to row_dots' 8-key steps within the block (every column's
+               sum is its own: the same bits from any start) */
+            const int64_t ja = j0 + ((js - j0) & ~(int64_t)7), n = je - js;
+            row_dots(vec, q + r * ldq, kT + (ja - kb), ldT, D, je - ja, s);
+            float *sr = s + (js - ja), mx = m[r];
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST)
-                mx = fast_scale_max(s, je - j0, scale, mx);
+                mx = fast_scale_max(sr, n, scale, mx);
             else
 #endif
-                for (int64_t j = j0; j < je; j++) {
-                    float x = s[j - j0] * scale;
-                    s[j - j0] = x;
+                for (int64_t j = 0; j < n; j++) {
+                    float x = sr[j] * scale;
+                    sr[j] = x;
                     mx = x > mx ? x : mx;
                 }
             float corr = expf(m[r] - mx), sum; /* m[r] = -inf the first time: 0 */
@@ -474,13 +512,13 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
                 a[d] *= corr;
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST)
-                sum = fast_exp_sum(s, je - j0, mx);
+                sum = fast_exp_sum(sr, n, mx);
             else
 #endif
-                sum = att_exp_sum(vec, s, je - j0, mx);
-            for (int64_t j = j0; j < je && p > 0.0f; j++) /* dropout after the sum */
-                s[j - j0] = keep(key, p, gbh, T, i, j) ? s[j - j0] * pscale : 0.0f;
-            rows_acc(vec, a, s, 1, v + j0 * ldv, ldv, je - j0, D);
+                sum = att_exp_sum(vec, sr, n, mx);
+            for (int64_t j = js; j < je && p > 0.0f; j++) /* dropout after the sum */
+                sr[j - js] = keep(key, p, gbh, T, i, j) ? sr[j - js] * pscale : 0.0f;
+            rows_acc(vec, a, sr, 1, v + (js - kb) * ldv, ldv, n, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
@@ -489,15 +527,16 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
 }
 
 /* One forward task: query blocks [qb0, qb1) of head h of batch b. The
- * head's keys that the blocks see are copied (f32) or widened (bf16/f16)
+ * head's keys that the blocks see (from kb: the key block of the first
+ * row's first key) are copied (f32) or widened (bf16/f16)
  * once into kT (transposed: [D][ldT]), its values into vw ([rows][D]) and
  * each block's q rows into qt, then fwd_rows runs on those tiles: the keys
  * transposed once a task, not once a query block, and every row read
  * contiguous instead of 3C floats apart (qkv's rows of 3C floats map a
  * head's keys onto a quarter of L1's sets). kt: fwd_scratch(T, D). */
 static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
-                     bool causal, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, float *kt,
-                     float *y, void *ylp, float *lse)
+                     bool causal, int64_t window, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0,
+                     int64_t qb1, float *kt, float *y, void *ylp, float *lse)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h;
     float *yh = y + b * T * C + h * D, *lh = lse + bh * T;
@@ -505,41 +544,43 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     const int64_t ia = qb0 * BQ, iz = qb1 * BQ < T ? qb1 * BQ : T;
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D; /* bf16/f16 */
     const float *srcf = (const float *)qkv + b * T * C3 + h * D;      /* f32 */
-    const int64_t nkv = causal ? iz : T, ldT = dt__att_key_stride(nkv); /* the keys the last row sees */
+    const int64_t nkv = causal ? iz : T, kb = att_first(ia, window) / BK * BK; /* keys [kb, nkv) */
+    const int64_t ldT = dt__att_key_stride(nkv - kb);
     float *qt = kt + DMAX, *kT = qt + BQ * DMAX, *vw = kT + D * ldT; /* kt: a row's scratch */
 #if DT__X86_VEC
     if (vec == DT__ATT_BF16) { /* the keys and each block's q rows as bf16 pairs (row_dots_bf16), the values
                                   paired along the keys (rows_acc_bf16) */
         const int64_t D2 = (D + 1) / 2;
         uint32_t *kp = (uint32_t *)(void *)kT, *qp = (uint32_t *)(void *)qt, *vp = (uint32_t *)(void *)vw;
-        bf16_pairs_t(src + C, C3, nkv, D, kp, ldT, (uint32_t *)(void *)kt);
-        for (int64_t j = 0; j < nkv; j += 2)
-            pair_rows(src + j * C3 + 2 * C, j + 1 < nkv ? src + (j + 1) * C3 + 2 * C : NULL, D, vp + (j / 2) * D);
+        bf16_pairs_t(src + kb * C3 + C, C3, nkv - kb, D, kp, ldT, (uint32_t *)(void *)kt);
+        for (int64_t j = kb; j < nkv; j += 2)
+            pair_rows(src + j * C3 + 2 * C, j + 1 < nkv ? src + (j + 1) * C3 + 2 * C : NULL, D,
+                      vp + ((j - kb) / 2) * D);
         for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
             int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
             for (int64_t i = i0; i < i1; i++)
                 bf16_pairs(src + i * C3, qp + (i - i0) * D2, D);
-            fwd_rows_bf16(t, qp, kp, ldT, vp, T, C, D, gbh, causal, p, key, i0, i1, yh, ylh, lh);
+            fwd_rows_bf16(t, qp, kp, ldT, vp, kb, T, C, D, gbh, causal, window, p, key, i0, i1, yh, ylh, lh);
         }
         return;
     }
 #endif
-    for (int64_t j = 0; j < nkv; j++) {
+    for (int64_t j = kb; j < nkv; j++) {
         const float *kr = t == DT_F32 ? srcf + j * C3 + C : kt;
         if (t != DT_F32)
             widen_row(vec, t, src + j * C3 + C, kt, D);
         for (int64_t d = 0; d < D; d++)
-            kT[d * ldT + j] = kr[d];
-        task_row(vec, t, qkv, (b * T + j) * C3 + 2 * C + h * D, vw + j * D, D);
+            kT[d * ldT + j - kb] = kr[d];
+        task_row(vec, t, qkv, (b * T + j) * C3 + 2 * C + h * D, vw + (j - kb) * D, D);
     }
     for (int64_t d = 0; d < D; d++)
-        for (int64_t j = nkv; j < ldT; j++)
+        for (int64_t j = nkv - kb; j < ldT; j++)
             kT[d * ldT + j] = 0.0f;
     for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
         int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
         for (int64_t i = i0; i < i1; i++)
             task_row(vec, t, qkv, (b * T + i) * C3 + h * D, qt + (i - i0) * D, D);
-        fwd_rows(vec, t, qt, D, kT, ldT, vw, D, T, C, D, gbh, causal, p, key, i0, i1, yh, ylh, lh);
+        fwd_rows(vec, t, qt, D, kT, ldT, vw, D, kb, T, C, D, gbh, causal, window, p, key, i0, i1, yh, ylh, lh);
     }
 }
 
@@ -924,13 +965,13 @@ static size_t fwd_scratch_amx(int64_t T, int64_t D)
 /* fwd_task on the tiles: query blocks [qb0, qb1) of 32 rows. Cloned for
  * AVX2 as fwd_rows (the loops around the tiles; the same bits). */
 DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv, int64_t T,
-                                   int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
-                                   int64_t b, int64_t h, int64_t qb0, int64_t qb1, void *scratch, float *y, void *ylp,
-                                   float *lse)
+                                   int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, int64_t window, float p,
+                                   dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, void *scratch,
+                                   float *y, void *ylp, float *lse)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
     const int64_t ia = qb0 * AB, iz = qb1 * AB < T ? qb1 * AB : T, nkv = causal ? iz : T;
-    const int64_t nkb = (nkv + AB - 1) / AB, lds = nkb * AB;
+    const int64_t kb = att_first(ia, window) / AB * AB, nkb = (nkv - kb + AB - 1) / AB, lds = nkb * AB; /* [kb, nkv) */
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
     uint16_t *kp = scratch, *vp = kp + nkb * kd * ASTEP, *qp = vp + kd * nkb * ASTEP, *pp = qp + kd * ASTEP;
     float *s = (float *)(void *)(pp + nkb * ASTEP), *acc = s + AB * lds;
@@ -938,15 +979,16 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     float m[AB], l[AB];
     memset(kp, 0, (size_t)(2 * nkb * kd) * ASTEP * 2);
     uint32_t pr[DMAX];
-    for (int64_t j = 0; j < nkv; j++) {
+    for (int64_t j = kb; j < nkv; j++) {
         if (j + 4 < nkv) { /* rows a stride of 3C apart: fetch them ahead */
             amx_prefetch(src + (j + 4) * C3 + C, D * 2);
             amx_prefetch(src + (j + 4) * C3 + 2 * C, D * 2);
         }
-        amx_bt_col(kp + j / AB * kd * ASTEP, j % AB, src + j * C3 + C, D);
+        amx_bt_col(kp + (j - kb) / AB * kd * ASTEP, (j - kb) % AB, src + j * C3 + C, D);
     }
-    for (int64_t j = 0; j < nkv; j += 2)
-        amx_b_rows(vec, vp, nkb, j, src + j * C3 + 2 * C, j + 1 < nkv ? src + (j + 1) * C3 + 2 * C : NULL, D, pr);
+    for (int64_t j = kb; j < nkv; j += 2)
+        amx_b_rows(vec, vp, nkb, j - kb, src + j * C3 + 2 * C, j + 1 < nkv ? src + (j + 1) * C3 + 2 * C : NULL, D,
+                   pr);
     /* the keys and values checked whole in their panels (the padding zeros), the q rows one by one */
     bool bad = bf16_nonfinite(vec, kp, 2 * nkb * kd * ASTEP);
     for (int64_t i = ia; i < iz && !bad; i++)
@@ -954,41 +996,45 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     if (bad) {
         const int64_t nqb = (T + BQ - 1) / BQ, q1 = qb1 * (AB / BQ);
         atomic_fetch_add(&g_amx_fallbacks, 1);
-        fwd_task(vec, DT_BF16, qkv, T, H, D, h0, Ht, causal, p, key, b, h, qb0 * (AB / BQ), q1 < nqb ? q1 : nqb,
-                 scratch, y, ylp, lse);
+        fwd_task(vec, DT_BF16, qkv, T, H, D, h0, Ht, causal, window, p, key, b, h, qb0 * (AB / BQ),
+                 q1 < nqb ? q1 : nqb, scratch, y, ylp, lse);
         return;
     }
     atomic_fetch_add(&g_amx_tasks, 1);
     amx_configure(tiles, on);
     for (int64_t i0 = ia; i0 < iz; i0 += AB) {
-        const int64_t nr = iz - i0 < AB ? iz - i0 : AB, nk = ((causal ? i0 + nr : T) + AB - 1) / AB;
+        /* the block's key blocks [jb0, nk) of the task's (from kb): keys [k0, k0 + cols) */
+        const int64_t nr = iz - i0 < AB ? iz - i0 : AB, nk = ((causal ? i0 + nr : T) - kb + AB - 1) / AB;
+        const int64_t jb0 = (att_first(i0, window) - kb) / AB, k0 = kb + jb0 * AB, cols = (nk - jb0) * AB;
         memset(qp, 0, (size_t)kd * ASTEP * 2);
         for (int64_t r = 0; r < nr; r++)
             amx_a_row(qp, r, src + (i0 + r) * C3, D);
-        for (int64_t jb = 0; jb < nk; jb++) /* each key block's scores straight into the rows */
-            tiles->block(qp, kd * AB, kp + jb * kd * ASTEP, kd, true, true, s + jb * AB, lds, false, NULL, 0);
-        memset(pp, 0, (size_t)nk * ASTEP * 2);
+        for (int64_t jb = jb0; jb < nk; jb++) /* each key block's scores straight into the rows */
+            tiles->block(qp, kd * AB, kp + jb * kd * ASTEP, kd, true, true, s + (jb - jb0) * AB, lds, false, NULL, 0);
+        memset(pp, 0, (size_t)(nk - jb0) * ASTEP * 2);
         for (int64_t r = 0; r < nr; r++) {
-            const int64_t i = i0 + r, n = causal ? i + 1 : T;
-            float *sr = s + r * lds;
+            const int64_t i = i0 + r, n = (causal ? i + 1 : T) - k0, lo = att_first(i, window) - k0;
+            float *sr = s + r * lds; /* key k0 + j at sr[j]; the row's keys [lo, n) */
 #if DT__X86_VEC
             if (vec == DT__ATT_BF16 && p == 0.0f) { /* the three passes below in one */
-                l[r] = fast_softmax_bf16(sr, n, nk * AB, scale, &m[r], pp + r * nk * AB);
+                l[r] = fast_softmax_bf16(sr, lo, n, cols, scale, &m[r], pp + r * cols);
                 continue;
             }
 #endif
-            l[r] = amx_softmax_row(vec, sr, n, scale, &m[r]);
-            for (int64_t j = 0; j < n && p > 0.0f; j++)
-                sr[j] = keep(key, p, gbh, T, i, j) ? sr[j] * pscale : 0.0f;
-            for (int64_t j = n; j < nk * AB; j++)
+            l[r] = amx_softmax_row(vec, sr + lo, n - lo, scale, &m[r]);
+            for (int64_t j = lo; j < n && p > 0.0f; j++)
+                sr[j] = keep(key, p, gbh, T, i, k0 + j) ? sr[j] * pscale : 0.0f;
+            for (int64_t j = 0; j < lo; j++)
                 sr[j] = 0.0f;
-            for (int64_t jb = 0; jb < nk; jb++)
-                amx_round32(vec, sr + jb * AB, pp + r * nk * AB + jb * AB);
+            for (int64_t j = n; j < cols; j++)
+                sr[j] = 0.0f;
+            for (int64_t jb = 0; jb < nk - jb0; jb++)
+                amx_round32(vec, sr + jb * AB, pp + r * cols + jb * AB);
         }
         for (int64_t nb = 0; nb < kd; nb++) {
             const int64_t nc = D - nb * AB < AB ? D - nb * AB : AB;
             float *yo = y + (b * T + i0) * C + h * D + nb * AB;
-            tiles->block(pp, nk * AB, vp + nb * nkb * ASTEP, nk, true, true, acc, AB, false, NULL, 0);
+            tiles->block(pp, cols, vp + (nb * nkb + jb0) * ASTEP, nk - jb0, true, true, acc, AB, false, NULL, 0);
             for (int64_t r = 0; r < nr; r++) { /* the block's rows divided by their sums */
                 const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f, *restrict ar = acc + r * AB;
                 float *restrict o = yo + r * C;
@@ -1006,8 +1052,10 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     }
 }
 
+/* window: > 0 a sliding window (causal), 0 or >= T none */
 static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                         int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y, void *ylp, float *lse)
+                         int64_t h0, int64_t Ht, bool causal, int64_t window, float p, dt_rng_key key, float *y,
+                         void *ylp, float *lse)
 {
     dt_status st = attn_args(fn, B, T, H, D, p);
     if (st >= 0)
@@ -1021,7 +1069,8 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
     /* Tasks of g query blocks of one head (dt__att_group) */
     const dt__amx_tiles *tiles = att_tiles(t, T);
     const int64_t bq = tiles ? AB : BQ, nqb = (T + bq - 1) / bq; /* on the tiles: blocks of 32 rows */
-    int nt = dt__threads_for(B * T * T * C);
+    window = window < T ? window : 0;
+    int nt = dt__threads_for(B * T * (window ? window : T) * C);
     const int64_t g = dt__att_group(nt, B * H, nqb), ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
     const size_t scratch = tiles ? fwd_scratch_amx(T, D) : fwd_scratch(T, D) * sizeof(float);
     bool nomem = false;
@@ -1038,10 +1087,11 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
         for (int64_t task = 0; task < ntask; task++) {
             int64_t bh = task / ngr, q0 = (task % ngr) * g, q1 = q0 + g < nqb ? q0 + g : nqb;
             if (kt && tiles)
-                fwd_task_amx(tiles, &on, vec, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, q0, q1, kt, y,
-                             ylp, lse);
+                fwd_task_amx(tiles, &on, vec, qkv, T, H, D, h0, Ht, causal, window, p, key, bh / H, bh % H, q0, q1,
+                             kt, y, ylp, lse);
             else if (kt)
-                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, q0, q1, kt, y, ylp, lse);
+                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, window, p, key, bh / H, bh % H, q0, q1, kt, y, ylp,
+                         lse);
         }
         if (on)
             tiles->release();
@@ -1055,7 +1105,7 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
 dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
                                    int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
 {
-    return fwd_run("dt_k_attention_fwd", DT_F32, qkv, B, T, H, D, h0, Ht, causal, p, key, y, NULL, lse);
+    return fwd_run("dt_k_attention_fwd", DT_F32, qkv, B, T, H, D, h0, Ht, causal, 0, p, key, y, NULL, lse);
 }
 
 dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
@@ -1064,7 +1114,7 @@ dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, in
 {
     const char *fn = "dt_k_attention_fwd_lp";
     dt_status st = lp_dtype(fn, t);
-    return st < 0 ? st : fwd_run(fn, t, qkv, B, T, H, D, h0, Ht, causal, p, key, y, ylp, lse);
+    return st < 0 ? st : fwd_run(fn, t, qkv, B, T, H, D, h0, Ht, causal, 0, p, key, y, ylp, lse);
 }
 
 #if DT__X86_VEC
@@ -1076,10 +1126,12 @@ dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, in
  * multiply k (dq), q (dk) and the rounded dy (dv) by vdpbf16ps
  * (rows_acc_bf16), with k paired along the keys once a block and q and dy
  * along the rows once a head. The sums run in a fixed order (the same bits
- * for any thread count). kt: bwd_scratch(DT_BF16, T, D). */
+ * for any thread count). Under a window the pair that holds a row's first
+ * key or a key's last row has the other half hidden (rows_acc_bf16's lo0
+ * and hi_last). kt: bwd_scratch(DT_BF16, T, D). */
 DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, const float *lse, const float *dy,
-                                         int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal, float p,
-                                         dt_rng_key key, float *kt, float *g, uint16_t *dl)
+                                         int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal, int64_t window,
+                                         float p, dt_rng_key key, float *kt, float *g, uint16_t *dl)
 {
     const int64_t C3 = 3 * C, D2 = (D + 1) / 2, T2 = (T + 1) / 2;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -1113,46 +1165,64 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
     }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
         const int64_t j1 = j0 + BK < T ? j0 + BK : T, nb = j1 - j0, i0 = causal ? j0 : 0, m0 = i0 / 2;
+        const int64_t iend = att_rows_end(j1 - 1, window, T); /* the rows [i0, iend) see the block */
         bf16_pairs_t(src + j0 * C3 + C, C3, nb, D, kp, BK, pr);
         bf16_pairs_t(src + j0 * C3 + 2 * C, C3, nb, D, vp, BK, pr);
         for (int64_t jj = 0; jj < nb; jj += 2)
             pair_rows(src + (j0 + jj) * C3 + C, jj + 1 < nb ? src + (j0 + jj + 1) * C3 + C : NULL, D, k2 + jj / 2 * D);
-        for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
-            const int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
+        for (int64_t i = i0; i < iend; i++) { /* the block's P and dS row by row, and dq_i */
+            /* the row's keys j0 + [o, o + ne) */
+            const int64_t je = causal && i + 1 < j1 ? i + 1 : j1, fk = att_first(i, window);
+            const int64_t o = fk > j0 ? fk - j0 : 0, ne = je - j0 - o, odd = o & 1;
             float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
             const float L = lse[i], Di = dim[i];
-            row_dots_bf16(qp + i * D2, kp, BK, D2, ne, sc);
-            row_dots_bf16(gp + i * D2, vp, BK, D2, ne, dp);
-            fast_bwd_probs(sc, dp, ne, scale, L, Di, pd, ds);
+            row_dots_bf16(qp + i * D2, kp + o, BK, D2, ne, sc);
+            row_dots_bf16(gp + i * D2, vp + o, BK, D2, ne, dp);
+            fast_bwd_probs(sc, dp, ne, scale, L, Di, pd + o, ds + o);
             for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on P */
-                bool kp1 = keep(key, p, gbh, T, i, j0 + jj);
-                float P = pd[jj];
-                pd[jj] = kp1 ? P * pscale : 0.0f;
-                ds[jj] = P * ((kp1 ? dp[jj] * pscale : 0.0f) - Di) * scale;
+                bool kp1 = keep(key, p, gbh, T, i, j0 + o + jj);
+                float P = pd[o + jj];
+                pd[o + jj] = kp1 ? P * pscale : 0.0f;
+                ds[o + jj] = P * ((kp1 ? dp[jj] * pscale : 0.0f) - Di) * scale;
             }
-            for (int64_t jj = ne; jj < nb; jj++) /* keys the row does not see: 0 in the pairs below */
+            for (int64_t jj = 0; jj < o; jj++) /* keys before the row's window: 0 in the pairs below */
                 pd[jj] = ds[jj] = 0.0f;
-            bf16_pairs_f32(ds, ne, sp);
-            rows_acc_bf16(g + i * C3, sp, 1, k2, D, (ne + 1) / 2, D, false, (ne & 1) != 0);
+            for (int64_t jj = o + ne; jj < nb; jj++) /* keys the row does not see: 0 in the pairs below */
+                pd[jj] = ds[jj] = 0.0f;
+            bf16_pairs_f32(ds + o - odd, ne + odd, sp);
+            rows_acc_bf16(g + i * C3, sp, 1, k2 + (o - odd) / 2 * D, D, (ne + odd + 1) / 2, D, odd != 0,
+                          ((ne + odd) & 1) != 0);
         }
-        for (int64_t m = m0; m < T2; m++) { /* P and dS of rows 2m, 2m + 1 paired, for each key */
+        for (int64_t m = m0; m < (iend + 1) / 2; m++) { /* P and dS of rows 2m, 2m + 1 paired, for each key */
             const int64_t r = 2 * m - i0;
-            const bool two = 2 * m + 1 < T;
+            const bool two = 2 * m + 1 < iend;
             bf16_pairs_2rows(pdm + r * BK, two ? pdm + (r + 1) * BK : NULL, nb, ptm + (m - m0) * BK);
             bf16_pairs_2rows(dsm + r * BK, two ? dsm + (r + 1) * BK : NULL, nb, dtm + (m - m0) * BK);
         }
         for (int64_t j = j0; j < j1; j += 2) { /* dk_j and dv_j over the rows i that see key j, in i order */
             const int64_t ia = causal ? j : i0, jj = j - j0, ma = ia / 2; /* j, ia even */
-            if (j + 1 < j1) { /* keys j and j + 1 over the same pairs of rows (row j does not see key j + 1) */
+            /* one past the last rows of keys j and j + 1 and the pairs of rows both see (row j does not see key
+               j + 1: x2's lo1): under a window, the pair with key j's last row is its tail, with the second row
+               hidden when ea is odd, and key j + 1's the pair with its own (the second hidden when eb is odd) */
+            const int64_t ea = att_rows_end(j, window, T), eb = att_rows_end(j + 1, window, T);
+            const int64_t mz = window ? ea / 2 : T2;
+            if (j + 1 < j1) { /* keys j and j + 1 over the same pairs of rows */
                 rows_acc_bf16_x2(g + j * C3 + C, g + (j + 1) * C3 + C, dtm + (ma - m0) * BK + jj,
-                                 dtm + (ma - m0) * BK + jj + 1, BK, q2 + ma * D, D, T2 - ma, D, causal);
+                                 dtm + (ma - m0) * BK + jj + 1, BK, q2 + ma * D, D, mz - ma, D, causal);
                 rows_acc_bf16_x2(g + j * C3 + 2 * C, g + (j + 1) * C3 + 2 * C, ptm + (ma - m0) * BK + jj,
-                                 ptm + (ma - m0) * BK + jj + 1, BK, g2 + ma * D, D, T2 - ma, D, causal);
+                                 ptm + (ma - m0) * BK + jj + 1, BK, g2 + ma * D, D, mz - ma, D, causal);
+                for (int64_t c = 0; c < 2 && window; c++) { /* the tails, key j then j + 1 */
+                    const int64_t n2 = ((c ? eb : ea) + 1) / 2 - mz, at = (mz - m0) * BK + jj + c;
+                    const bool lo = c && causal && mz == ma, hi = ((c ? eb : ea) & 1) != 0;
+                    rows_acc_bf16(g + (j + c) * C3 + C, dtm + at, BK, q2 + mz * D, D, n2, D, lo, hi);
+                    rows_acc_bf16(g + (j + c) * C3 + 2 * C, ptm + at, BK, g2 + mz * D, D, n2, D, lo, hi);
+                }
                 continue;
             }
-            rows_acc_bf16(g + j * C3 + C, dtm + (ma - m0) * BK + jj, BK, q2 + ma * D, D, T2 - ma, D, false, false);
-            rows_acc_bf16(g + j * C3 + 2 * C, ptm + (ma - m0) * BK + jj, BK, g2 + ma * D, D, T2 - ma, D, false,
-                          false);
+            const int64_t n2 = (ea + 1) / 2 - ma; /* window 0: T2 - ma */
+            const bool hi = window && (ea & 1);
+            rows_acc_bf16(g + j * C3 + C, dtm + (ma - m0) * BK + jj, BK, q2 + ma * D, D, n2, D, false, hi);
+            rows_acc_bf16(g + j * C3 + 2 * C, ptm + (ma - m0) * BK + jj, BK, g2 + ma * D, D, n2, D, false, hi);
         }
     }
     for (int64_t i = 0; i < T; i++)
@@ -1174,7 +1244,8 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
  * NULL). kt: bwd_scratch(t, T, D). */
 DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                const float *dy, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
-                               float p, dt_rng_key key, int64_t b, int64_t h, float *kt, float *dqkv, uint16_t *dlp)
+                               int64_t window, float p, dt_rng_key key, int64_t b, int64_t h, float *kt, float *dqkv,
+                               uint16_t *dlp)
 {
     const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
     const int64_t C = H * D, C3 = 3 * C, bh = b * H + h;
@@ -1186,8 +1257,8 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     const uint16_t *src = t == DT_F32 ? NULL : (const uint16_t *)qkv + b * T * C3 + h * D;
 #if DT__X86_VEC
     if (vec == DT__ATT_BF16) {
-        bwd_head_bf16(src, y + b * T * C + h * D, lse + bh * T, dy + b * T * C + h * D, T, C, D, gbh, causal, p, key,
-                      kt, gbase + h * D, dlp ? dlp + b * T * C3 + h * D : NULL);
+        bwd_head_bf16(src, y + b * T * C + h * D, lse + bh * T, dy + b * T * C + h * D, T, C, D, gbh, causal, window,
+                      p, key, kt, gbase + h * D, dlp ? dlp + b * T * C3 + h * D : NULL);
         return;
     }
 #endif
@@ -1210,33 +1281,36 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
         dim[i] = dot_seq(gy + i * ldg, y + (b * T + i) * C + h * D, D);
     }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
-        int64_t j1 = j0 + BK < T ? j0 + BK : T, i0 = causal ? j0 : 0;
+        int64_t j1 = j0 + BK < T ? j0 + BK : T, i0 = causal ? j0 : 0, iend = att_rows_end(j1 - 1, window, T);
         block_t(kb + j0 * ld, ld, j1 - j0, D, kt);
         block_t(vb + j0 * ld, ld, j1 - j0, D, vt);
-        for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
-            int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
+        for (int64_t i = i0; i < iend; i++) { /* the rows that see the block: its P and dS row by row, and dq_i */
+            /* the row's keys j0 + [o, o + ne); the scores from oa, o rounded down to row_dots' 8-key steps */
+            const int64_t je = causal && i + 1 < j1 ? i + 1 : j1, fk = att_first(i, window);
+            const int64_t o = fk > j0 ? fk - j0 : 0, oa = o & ~(int64_t)7, ne = je - j0 - o;
             const float *q = qb + i * ld, *g = gy + i * ldg;
-            float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
+            float *pd = pdm + (i - i0) * BK + o, *ds = dsm + (i - i0) * BK + o;
             float L = lse[bh * T + i], Di = dim[i];
-            row_dots(vec, q, kt, BK, D, ne, sc);
-            row_dots(vec, g, vt, BK, D, ne, dp);
+            float *scr = sc + (o - oa), *dpr = dp + (o - oa);
+            row_dots(vec, q, kt + oa, BK, D, je - j0 - oa, sc);
+            row_dots(vec, g, vt + oa, BK, D, je - j0 - oa, dp);
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST) {
-                fast_bwd_probs(sc, dp, ne, scale, L, Di, pd, ds);
+                fast_bwd_probs(scr, dpr, ne, scale, L, Di, pd, ds);
                 for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on the fast path's P */
-                    bool kp = keep(key, p, gbh, T, i, j0 + jj);
+                    bool kp = keep(key, p, gbh, T, i, j0 + o + jj);
                     float P = pd[jj];
                     pd[jj] = kp ? P * pscale : 0.0f;
-                    ds[jj] = P * ((kp ? dp[jj] * pscale : 0.0f) - Di) * scale;
+                    ds[jj] = P * ((kp ? dpr[jj] * pscale : 0.0f) - Di) * scale;
                 }
             } else
 #endif
             {
-                att_probs(vec, sc, ne, scale, L, pd);
+                att_probs(vec, scr, ne, scale, L, pd);
                 for (int64_t jj = 0; jj < ne; jj++) {
-                    float P = pd[jj], dP = dp[jj], Pd = P;
+                    float P = pd[jj], dP = dpr[jj], Pd = P;
                     if (p > 0.0f) {
-                        bool kp = keep(key, p, gbh, T, i, j0 + jj);
+                        bool kp = keep(key, p, gbh, T, i, j0 + o + jj);
                         Pd = kp ? P * pscale : 0.0f;
                         dP = kp ? dP * pscale : 0.0f;
                     }
@@ -1244,11 +1318,12 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
                     ds[jj] = P * (dP - Di) * scale;
                 }
             }
-            rows_acc(vec, gbase + i * C3 + h * D, ds, 1, kb + j0 * ld, ld, ne, D);
+            rows_acc(vec, gbase + i * C3 + h * D, ds, 1, kb + (j0 + o) * ld, ld, ne, D);
         }
-        /* dk_j and dv_j over the rows that see key j (a key's first row is j with the mask) */
+        /* dk_j and dv_j over the rows that see key j (a key's first row is j with the mask, its last j + window
+           - 1 with a window) */
         dkdv_keys(vec, gbase + C + h * D, C3, gbase + 2 * C + h * D, C3, dsm, pdm, qb, ld, gy, ldg, T, i0, j0, j1,
-                  causal, 0, D);
+                  causal, 0, window, D);
     }
     for (int64_t i = 0; i < T && t != DT_F32; i++)
         for (int k = 0; k < 3; k++) {
@@ -1347,8 +1422,8 @@ static void amx_probs_t(int vec, const float *sc, const float *dp, int64_t lo, i
  * values) and one query block's dS^T paired along the keys (sb). */
 DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv,
                                    const float *y, const float *lse, const float *dy, int64_t T, int64_t H, int64_t D,
-                                   int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, int64_t b, int64_t h,
-                                   void *scratch, float *dqkv, uint16_t *dlp)
+                                   int64_t h0, int64_t Ht, bool causal, int64_t window, float p, dt_rng_key key,
+                                   int64_t b, int64_t h, void *scratch, float *dqkv, uint16_t *dlp)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
     const int64_t nqb = (T + AB - 1) / AB, Tp = nqb * AB, Dp = kd * AB, pn = Tp * Dp;
@@ -1396,22 +1471,25 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     if (bf16_nonfinite(vec, ka, pn) || bf16_nonfinite(vec, va, pn) || bf16_nonfinite(vec, qt, pn) ||
         bf16_nonfinite(vec, gh, pn)) {
         atomic_fetch_add(&g_amx_fallbacks, 1);
-        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, b, h, scratch, dqkv, dlp);
+        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, p, key, b, h, scratch, dqkv, dlp);
         return;
     }
     atomic_fetch_add(&g_amx_tasks, 1);
     amx_configure(tiles, on);
     for (int64_t jb = 0; jb < nqb; jb++) {
-        const int64_t j0 = jb * AB, ib0 = causal ? jb : 0;
-        for (int64_t ib = ib0; ib < nqb; ib++) {
-            const int64_t i0 = ib * AB, hi = T - i0 < AB ? T - i0 : AB;
+        /* the query blocks [ib0, ib1) see the key block (under a window, up to its last key's last row) */
+        const int64_t j0 = jb * AB, ib0 = causal ? jb : 0, ib1 = (att_rows_end(j0 + AB - 1, window, T) + AB - 1) / AB;
+        for (int64_t ib = ib0; ib < ib1; ib++) {
+            /* rows [i0, i0 + hi) of the block; its first key block is att_first(i0) / AB (the one that stores dq^T) */
+            const int64_t i0 = ib * AB, hi = T - i0 < AB ? T - i0 : AB, jbf = att_first(i0, window) / AB;
             tiles->block(ka + j0 * Dp, Dp, qt + ib * kd * ASTEP, kd, true, true, sc, AB, false, NULL, 0);
             tiles->block(va + j0 * Dp, Dp, gt + ib * kd * ASTEP, kd, true, true, dp, AB, false, NULL, 0);
-            for (int64_t r = 0; r < AB; r++) { /* key j's P^T and dS^T over the block's queries */
+            for (int64_t r = 0; r < AB; r++) { /* key j's P^T and dS^T over the block's queries [lo, hz) */
                 const int64_t j = j0 + r, lo = !causal || j <= i0 ? 0 : j - i0 < AB ? j - i0 : AB;
+                const int64_t ez = att_rows_end(j, window, T) - i0, hz = j >= T ? 0 : ez < hi ? ez : hi;
                 float *prw = sc + r * AB, *dr = ds + r * AB; /* P over the scores (read first) */
-                amx_probs_t(vec, sc + r * AB, dp + r * AB, lo, j < T ? hi : 0, scale, Lp + i0, Dip + i0, prw, dr);
-                for (int64_t c = lo; c < hi && j < T && p > 0.0f; c++) { /* dropout on P */
+                amx_probs_t(vec, sc + r * AB, dp + r * AB, lo, hz, scale, Lp + i0, Dip + i0, prw, dr);
+                for (int64_t c = lo; c < hz && p > 0.0f; c++) { /* dropout on P */
                     const bool kp = keep(key, p, gbh, T, i0 + c, j);
                     const float P = prw[c];
                     prw[c] = kp ? P * pscale : 0.0f;
@@ -1425,13 +1503,13 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                     amx_pairs_f32(vec, ds + 2 * m * AB + 16 * tj, ds + (2 * m + 1) * AB + 16 * tj, 16,
                                   (uint32_t *)(void *)sb + tj * AT / 2 + m * 16);
             for (int64_t n = 0; n < kd; n++) /* dq^T += K^T dS^T (the first key block stores) */
-                tiles->block(kT + n * nqb * ASTEP + j0, Tp, sb, 1, true, true, dqt + n * AB * ldq + i0, ldq, jb > 0,
+                tiles->block(kT + n * nqb * ASTEP + j0, Tp, sb, 1, true, true, dqt + n * AB * ldq + i0, ldq, jb > jbf,
                              NULL, 0);
         }
-        for (int64_t n = 0; n < kd; n++) { /* dV = P^T dO, dK = dS^T Q over the query blocks from ib0 */
-            tiles->block(pa + ib0 * AB, Tp, gb + (n * nqb + ib0) * ASTEP, nqb - ib0, true, true,
+        for (int64_t n = 0; n < kd; n++) { /* dV = P^T dO, dK = dS^T Q over the query blocks [ib0, ib1) */
+            tiles->block(pa + ib0 * AB, Tp, gb + (n * nqb + ib0) * ASTEP, ib1 - ib0, true, true,
                          gw + j0 * 2 * Dp + Dp + n * AB, 2 * Dp, false, NULL, 0);
-            tiles->block(sa + ib0 * AB, Tp, qb + (n * nqb + ib0) * ASTEP, nqb - ib0, true, true,
+            tiles->block(sa + ib0 * AB, Tp, qb + (n * nqb + ib0) * ASTEP, ib1 - ib0, true, true,
                          gw + j0 * 2 * Dp + n * AB, 2 * Dp, false, NULL, 0);
         }
     }
@@ -1449,9 +1527,10 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
 #endif
 }
 
+/* window: as fwd_run's */
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
                          const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
-                         bool causal, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
+                         bool causal, int64_t window, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
 {
     dt_status st = attn_args(fn, B, T, H, D, p);
     if (st >= 0)
@@ -1464,7 +1543,8 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
     DT__CHECK_PTR(fn, lse, B * H * T);
     DT__CHECK_PTR(fn, dy, B * T * C);
     DT__CHECK_PTR(fn, dqkv, B * T * C3);
-    int nt = dt__threads_for(B * T * T * C * 2);
+    window = window < T ? window : 0;
+    int nt = dt__threads_for(B * T * (window ? window : T) * C * 2);
     bool nomem = false;
     const int vec = task_vec(t);
     const dt__amx_tiles *tiles = att_tiles(t, T);
@@ -1480,10 +1560,11 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++)
             if (kt && tiles)
-                bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt,
-                             dqkv, dqkv_lp);
+                bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, p, key, bh / H,
+                             bh % H, kt, dqkv, dqkv_lp);
             else if (kt)
-                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv, dqkv_lp);
+                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, p, key, bh / H, bh % H, kt, dqkv,
+                         dqkv_lp);
         if (on)
             tiles->release();
         dt_free(kt);
@@ -1497,7 +1578,7 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
                                    int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
                                    dt_rng_key key, float *dqkv)
 {
-    return bwd_run("dt_k_attention_bwd", DT_F32, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv, NULL);
+    return bwd_run("dt_k_attention_bwd", DT_F32, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, 0, p, key, dqkv, NULL);
 }
 
 dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
@@ -1506,5 +1587,20 @@ dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *
 {
     const char *fn = "dt_k_attention_bwd_lp";
     dt_status st = lp_dtype(fn, t);
-    return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv, dqkv_lp);
+    return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, 0, p, key, dqkv, dqkv_lp);
+}
+
+/* ---- the sliding window's entry points (attention_window.c) ---------------------------- */
+
+dt_status dt__attention_window_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H,
+                                   int64_t D, int64_t window, float *y, void *ylp, float *lse)
+{
+    return fwd_run(fn, t, qkv, B, T, H, D, 0, H, true, window, 0.0f, (dt_rng_key){0}, y, ylp, lse);
+}
+
+dt_status dt__attention_window_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
+                                   const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                                   float *dqkv, void *dqkv_lp)
+{
+    return bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, 0, H, true, window, 0.0f, (dt_rng_key){0}, dqkv, dqkv_lp);
 }

@@ -518,32 +518,46 @@ static inline float dot_seq(const float *a, const float *b, int64_t n)
  * block's dS and P (dsm, pdm: [rows from i0][DT__ATT_BK]) and the rows of q
  * and dy (qr, gr; row strides ldq, ldg) into dk + j lddk and dv + j lddv.
  * Key j's first row is i0, or with the mask max(i0, j + shift) (shift: the
- * keys' first position less the rows'). Four keys at a time (rows_acc4, the
- * bits of one key at a time) over the rows all four see, the rows before
- * those one key at a time first; the block's last keys one at a time. */
+ * keys' first position less the rows'), and with a window (> 0) its last
+ * j + shift + window - 1. Four keys at a time (rows_acc4, the bits of one
+ * key at a time) over the rows all four see, the rows before those and
+ * after them one key at a time; the block's last keys one at a time. */
 static inline void dkdv_keys(int vec, float *dk, int64_t lddk, float *dv, int64_t lddv, const float *dsm,
                              const float *pdm, const float *qr, int64_t ldq, const float *gr, int64_t ldg,
                              int64_t nrows, int64_t i0, int64_t j0, int64_t j1, bool causal, int64_t shift,
-                             int64_t D)
+                             int64_t window, int64_t D)
 {
 #define DKDV_FIRST(j) (causal && (j) + shift > i0 ? (j) + shift : i0)
+#define DKDV_END(j) (window > 0 && (j) + shift + window < nrows ? (j) + shift + window : nrows)
+#define DKDV_ONE(c, a, z)                                                                                          \
+    do {                                                                                                       \
+        const int64_t c0 = ((a) - i0) * DT__ATT_BK + j + (c) - j0;                                             \
+        rows_acc(vec, dk + (j + (c)) * lddk, dsm + c0, DT__ATT_BK, qr + (a) * ldq, ldq, (z) - (a), D);         \
+        rows_acc(vec, dv + (j + (c)) * lddv, pdm + c0, DT__ATT_BK, gr + (a) * ldg, ldg, (z) - (a), D);         \
+    } while (0)
     for (int64_t j = j0, nk; j < j1; j += nk) {
         nk = j + 4 <= j1 ? 4 : 1;
-        int64_t ib = nk == 1 ? nrows : DKDV_FIRST(j + 3); /* the rows from ib see all four keys */
-        ib = ib < nrows ? ib : nrows;
+        const int64_t ie = DKDV_END(j); /* the four keys' rows end at ie or later */
+        int64_t ib = nk == 1 ? nrows : DKDV_FIRST(j + 3); /* the rows [ib, ie) see all four keys */
+        ib = ib < ie ? ib : ie;
         for (int64_t c = 0; c < nk; c++) {
-            const int64_t ia = DKDV_FIRST(j + c), c0 = (ia - i0) * DT__ATT_BK + j + c - j0;
-            if (ib > ia) {
-                rows_acc(vec, dk + (j + c) * lddk, dsm + c0, DT__ATT_BK, qr + ia * ldq, ldq, ib - ia, D);
-                rows_acc(vec, dv + (j + c) * lddv, pdm + c0, DT__ATT_BK, gr + ia * ldg, ldg, ib - ia, D);
-            }
+            const int64_t ia = DKDV_FIRST(j + c);
+            if (ib > ia)
+                DKDV_ONE(c, ia, ib);
         }
-        if (ib < nrows) {
+        if (ib < ie) {
             const int64_t c0 = (ib - i0) * DT__ATT_BK + j - j0;
-            rows_acc4(vec, dk + j * lddk, lddk, dsm + c0, DT__ATT_BK, qr + ib * ldq, ldq, nrows - ib, D);
-            rows_acc4(vec, dv + j * lddv, lddv, pdm + c0, DT__ATT_BK, gr + ib * ldg, ldg, nrows - ib, D);
+            rows_acc4(vec, dk + j * lddk, lddk, dsm + c0, DT__ATT_BK, qr + ib * ldq, ldq, ie - ib, D);
+            rows_acc4(vec, dv + j * lddv, lddv, pdm + c0, DT__ATT_BK, gr + ib * ldg, ldg, ie - ib, D);
+        }
+        for (int64_t c = 0; c < nk && window > 0; c++) { /* the rows after ie that see key j + c */
+            const int64_t ia = DKDV_FIRST(j + c) > ie ? DKDV_FIRST(j + c) : ie, iz = DKDV_END(j + c);
+            if (iz > ia)
+                DKDV_ONE(c, ia, iz);
         }
     }
+#undef DKDV_ONE
+#undef DKDV_END
 #undef DKDV_FIRST
 }
 

@@ -273,7 +273,7 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
                 ds[jj] = pd[jj] * (dp[jj] - Di) * scale;
             rows_acc(vec, dq + i * lddq, ds, 1, kw + j0 * D, D, ne, D);
         }
-        dkdv_keys(vec, dk, lddk, dv, lddv, dsm, pdm, qw, D, gw, D, Tq, i0, j0, j1, causal, kpos0 - qpos0, D);
+        dkdv_keys(vec, dk, lddk, dv, lddv, dsm, pdm, qw, D, gw, D, Tq, i0, j0, j1, causal, kpos0 - qpos0, 0, D);
     }
 }
 

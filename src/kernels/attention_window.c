@@ -1,11 +1,16 @@
-/* Causal attention with what the blocked kernel (attention.c) has no place
- * for: a sliding window (Mistral's, Gemma 2's sliding layers: query i sees
- * the keys (i - window, i]) and soft-capped scores (Gemma 2's
- * attn_logit_softcapping: cap tanh(s / cap) before the softmax), over
- * dt_k_attention_fwd's packed qkv (B, T, 3C) and into its (B, T, C)
- * output.
+/* Causal attention with a sliding window (Mistral's, Qwen2's, Gemma 2's
+ * and 3's sliding layers: query i sees the keys (i - window, i]) and/or
+ * soft-capped scores (Gemma 2's attn_logit_softcapping: cap tanh(s / cap)
+ * before the softmax), over dt_k_attention_fwd's packed qkv (B, T, 3C) and
+ * into its (B, T, C) output: the entry points of dt_attention_window.
+ * Without a cap they run the blocked kernel (attention.c) with the window:
+ * key blocks outside every row's window skipped, the window's edge masked
+ * inside a block as the causal diagonal is, f32 or a bf16/f16 qkv read as
+ * it is (the _lp entry points). The kernel below, the plain one, is left
+ * for the soft cap only (with or without a window; f32 only), which the
+ * blocked kernel has no place for.
  *
- * One task per (b, h). It first copies the head's keys (and, backward, its
+ * The plain kernel: one task per (b, h). It first copies the head's keys (and, backward, its
  * values) transposed into per-thread scratch, [D][T], so that a query's
  * row of scores is D multiply-adds along contiguous keys (vectorised over
  * the keys, no horizontal sums), and so are the backward's dP row and its
@@ -339,6 +344,8 @@ dt_status dt_k_attention_window_fwd(const float *qkv, int64_t B, int64_t T, int6
     dt_status st = window_args(fn, B, T, H, D, window, cap);
     if (st < 0)
         return st;
+    if (cap == 0.0f) /* the blocked kernel; the plain one below for the cap only */
+        return dt__attention_window_fwd(fn, DT_F32, qkv, B, T, H, D, window, y, NULL, lse);
     DT__CHECK_PTR(fn, qkv, B * T * 3 * H * D);
     DT__CHECK_PTR(fn, y, B * T * H * D);
     DT__CHECK_PTR(fn, lse, B * H * T);
@@ -371,6 +378,8 @@ dt_status dt_k_attention_window_bwd(const float *qkv, const float *y, const floa
     dt_status st = window_args(fn, B, T, H, D, window, cap);
     if (st < 0)
         return st;
+    if (cap == 0.0f)
+        return dt__attention_window_bwd(fn, DT_F32, qkv, y, lse, dy, B, T, H, D, window, dqkv, NULL);
     DT__CHECK_PTR(fn, qkv, B * T * 3 * H * D);
     DT__CHECK_PTR(fn, y, B * T * H * D);
     DT__CHECK_PTR(fn, lse, B * H * T);
@@ -396,4 +405,35 @@ dt_status dt_k_attention_window_bwd(const float *qkv, const float *y, const floa
         return dt_error(DT_ERR_NO_MEMORY, "%s: %lld floats of scratch per thread", fn,
                         (long long)bwd_floats(T, D));
     return DT_OK;
+}
+
+/* A bf16/f16 qkv; the soft cap runs on the plain kernel, f32 only, so a cap is refused here (dt_attention_window
+   widens such a qkv first). */
+static dt_status lp_args(const char *fn, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                         float cap)
+{
+    dt_status st = window_args(fn, B, T, H, D, window, cap);
+    if (st >= 0 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_DTYPE, "%s: qkv dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    if (st >= 0 && cap > 0.0f)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: a soft cap (%g) runs on f32 only; widen the %s qkv "
+                        "(dt_k_attention_window_fwd)", fn, (double)cap, dt_dtype_name(t));
+    return st;
+}
+
+dt_status dt_k_attention_window_fwd_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                       int64_t window, float cap, float *y, void *ylp, float *lse)
+{
+    const char *fn = "dt_k_attention_window_fwd_lp";
+    dt_status st = lp_args(fn, t, B, T, H, D, window, cap);
+    return st < 0 ? st : dt__attention_window_fwd(fn, t, qkv, B, T, H, D, window, y, ylp, lse);
+}
+
+dt_status dt_k_attention_window_bwd_lp(dt_dtype t, const void *qkv, const float *y, const float *lse, const float *dy,
+                                       int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, float cap,
+                                       float *dqkv, void *dqkv_lp)
+{
+    const char *fn = "dt_k_attention_window_bwd_lp";
+    dt_status st = lp_args(fn, t, B, T, H, D, window, cap);
+    return st < 0 ? st : dt__attention_window_bwd(fn, t, qkv, y, lse, dy, B, T, H, D, window, dqkv, dqkv_lp);
 }

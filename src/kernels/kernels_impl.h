@@ -257,6 +257,18 @@ static inline void dt__pool_window(int64_t i, int64_t stride, int64_t pad, int64
     *hi = b > n ? n : b;
 }
 
+/* The blocked attention kernel (attention.c) with a sliding window,
+ * causal, no dropout, heads [0, H) of H: the entry points of
+ * attention_window.c without a soft cap. qkv of dtype t (f32, or bf16/f16
+ * as dt_k_attention_fwd_heads_lp reads it: ylp, dqkv_lp as there);
+ * window 0 or >= T: none (dt_k_attention_fwd's bits, causal). fn names
+ * the caller in errors; the caller checks the window. */
+dt_status dt__attention_window_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H,
+                                   int64_t D, int64_t window, float *y, void *ylp, float *lse);
+dt_status dt__attention_window_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
+                                   const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                                   float *dqkv, void *dqkv_lp);
+
 /* Batch norm, shared by the plain (norm.c) and nChw8c (blocked.c) kernels. */
 /* Training needs more than one value per channel and eps > 0. */
 dt_status dt__bn_train_args(const char *fn, int64_t cnt, float eps);

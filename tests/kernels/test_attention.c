@@ -1,7 +1,11 @@
 /* The blocked online-softmax attention kernel against a naive reference that
  * materialises the (T, T) probabilities (in double): forward and backward,
  * causal and not, T odd and spanning several query and key blocks, dropout
- * with the kernel's documented mask; the fused bias + GELU against the
+ * with the kernel's documented mask, sliding windows (the blocked kernel
+ * under dt_k_attention_window_fwd/_bwd without a cap: windows of 1, 2, a
+ * query block, a key block, one key either side of it, not a multiple of
+ * 8, wider than a block; the same bits as the causal kernel for a window
+ * of 0 or T or more, and on every ISA path); the fused bias + GELU against the
  * unfused kernels; the chunked cross-entropy (rows wider than one chunk)
  * against a plain double loop. */
 #include "dtrain/kernels.h"
@@ -15,8 +19,9 @@ typedef struct {
     float p;
 } cfg;
 
-/* Pu: softmax probabilities (B, H, T, T); M: dropout factor (0 or 1/(1-p), 1 without). */
-static void naive_fwd(const float *qkv, cfg c, dt_rng_key key, double *y, double *Pu, double *M)
+/* Pu: softmax probabilities (B, H, T, T); M: dropout factor (0 or 1/(1-p), 1 without). window > 0: query i
+   sees the keys (i - window, i] (with c.causal). */
+static void naive_fwd(const float *qkv, cfg c, int64_t window, dt_rng_key key, double *y, double *Pu, double *M)
 {
     int64_t C = c.H * c.D, C3 = 3 * C, T = c.T, D = c.D;
     double scale = 1.0 / sqrt((double)D);
@@ -29,7 +34,7 @@ static void naive_fwd(const float *qkv, cfg c, dt_rng_key key, double *y, double
                     double v = 0;
                     for (int64_t d = 0; d < D; d++)
                         v += (double)qkv[(b * T + i) * C3 + h * D + d] * qkv[(b * T + j) * C3 + C + h * D + d];
-                    pr[j] = c.causal && j > i ? -INFINITY : v * scale;
+                    pr[j] = (c.causal && j > i) || (window > 0 && j + window <= i) ? -INFINITY : v * scale;
                     m = pr[j] > m ? pr[j] : m;
                 }
                 for (int64_t j = 0; j < T; j++)
@@ -95,7 +100,8 @@ static double max_rel(const float *a, const double *ref, int64_t n)
     return emax / (amax > 0 ? amax : 1);
 }
 
-static int check_case(cfg c)
+/* window > 0: the sliding window's entry points (c causal, no dropout) */
+static int check_case(cfg c, int64_t window)
 {
     int64_t C = c.H * c.D, nq = c.B * c.T * 3 * C, ny = c.B * c.T * C, np = c.B * c.H * c.T * c.T;
     float *qkv = malloc((size_t)nq * 4), *y = malloc((size_t)ny * 4), *lse = malloc((size_t)(c.B * c.H * c.T) * 4);
@@ -106,17 +112,23 @@ static int check_case(cfg c)
     fill(qkv, nq, (uint64_t)(c.T * 7 + c.causal), 1.5f);
     fill(dy, ny, 5, 1.0f);
     int bad = 0;
-    if (dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, c.causal, c.p, key, y, lse) < 0 ||
-        dt_k_attention_bwd(qkv, y, lse, dy, c.B, c.T, c.H, c.D, c.causal, c.p, key, dq) < 0) {
+    dt_status st = window > 0 ? dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, window, 0.0f, y, lse)
+                              : dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, c.causal, c.p, key, y, lse);
+    if (st >= 0)
+        st = window > 0 ? dt_k_attention_window_bwd(qkv, y, lse, dy, c.B, c.T, c.H, c.D, window, 0.0f, dq)
+                        : dt_k_attention_bwd(qkv, y, lse, dy, c.B, c.T, c.H, c.D, c.causal, c.p, key, dq);
+    if (st < 0) {
         fprintf(stderr, "kernel failed: %s\n", dt_last_error());
         bad = 1;
     } else {
-        naive_fwd(qkv, c, key, ry, Pu, M);
+        naive_fwd(qkv, c, window, key, ry, Pu, M);
         naive_bwd(qkv, Pu, M, dy, c, rdq);
         double ef = max_rel(y, ry, ny), eb = max_rel(dq, rdq, nq);
         if (!(ef < 2e-6 && eb < 2e-5)) {
-            fprintf(stderr, "B%lld T%lld H%lld D%lld causal %d p %.2f: forward rel err %.3g, backward %.3g\n",
-                    (long long)c.B, (long long)c.T, (long long)c.H, (long long)c.D, c.causal, (double)c.p, ef, eb);
+            fprintf(stderr, "B%lld T%lld H%lld D%lld causal %d p %.2f window %lld: forward rel err %.3g, "
+                    "backward %.3g\n",
+                    (long long)c.B, (long long)c.T, (long long)c.H, (long long)c.D, c.causal, (double)c.p,
+                    (long long)window, ef, eb);
             bad = 1;
         }
     }
@@ -132,7 +144,50 @@ TEST(attention_vs_naive)
         {2, 33, 2, 8, true, 0.3f}, {1, 70, 1, 8, false, 0.5f},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-        ASSERT_EQ_INT(check_case(cases[k]), 0);
+        ASSERT_EQ_INT(check_case(cases[k], 0), 0);
+}
+
+/* Sliding windows on the blocked kernel: 1 and 2 (a row's keys inside one block, pairs split), 16 (a query
+   block), 37 (no multiple of 8: row_dots' steps start inside the window), 63, 64 and 65 (a key block and one
+   key either side), 100 (two key blocks), T - 1; T not a multiple of 16 or 64, B and H above 1, D 8 to 40. */
+TEST(attention_window_vs_naive)
+{
+    const struct {
+        cfg c;
+        int64_t window;
+    } cases[] = {
+        {{1, 131, 2, 16, true, 0}, 1},  {{2, 131, 2, 8, true, 0}, 2},   {{1, 100, 2, 16, true, 0}, 16},
+        {{2, 150, 3, 16, true, 0}, 37}, {{1, 200, 2, 24, true, 0}, 63}, {{1, 200, 3, 24, true, 0}, 64},
+        {{2, 131, 1, 40, true, 0}, 65}, {{1, 300, 1, 8, true, 0}, 100}, {{1, 70, 2, 8, true, 0}, 69},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        ASSERT_EQ_INT(check_case(cases[k].c, cases[k].window), 0);
+}
+
+/* A window of 0 or T or more is none: the causal kernel's bits, forward and backward; a window of T - 1 is
+   not. */
+TEST(attention_window_none_same_bits)
+{
+    const cfg c = {2, 77, 3, 16, true, 0};
+    const int64_t C = c.H * c.D, nq = c.B * c.T * 3 * C, ny = c.B * c.T * C, nl = c.B * c.H * c.T;
+    float *qkv = malloc((size_t)nq * 4), *dy = malloc((size_t)ny * 4), *y[2], *dq[2], *lse[2];
+    fill(qkv, nq, 8, 1.0f);
+    fill(dy, ny, 9, 1.0f);
+    for (int r = 0; r < 2; r++)
+        y[r] = malloc((size_t)ny * 4), dq[r] = malloc((size_t)nq * 4), lse[r] = malloc((size_t)nl * 4);
+    ASSERT_OK(dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, true, 0.0f, (dt_rng_key){0}, y[0], lse[0]));
+    ASSERT_OK(dt_k_attention_bwd(qkv, y[0], lse[0], dy, c.B, c.T, c.H, c.D, true, 0.0f, (dt_rng_key){0}, dq[0]));
+    const int64_t windows[] = {0, 77, 78, 1000, 76};
+    for (size_t k = 0; k < sizeof windows / sizeof windows[0]; k++) {
+        ASSERT_OK(dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, windows[k], 0.0f, y[1], lse[1]));
+        ASSERT_OK(dt_k_attention_window_bwd(qkv, y[1], lse[1], dy, c.B, c.T, c.H, c.D, windows[k], 0.0f, dq[1]));
+        const bool same = !memcmp(y[0], y[1], (size_t)ny * 4) && !memcmp(lse[0], lse[1], (size_t)nl * 4) &&
+                          !memcmp(dq[0], dq[1], (size_t)nq * 4);
+        ASSERT_EQ_INT(same, windows[k] != 76);
+    }
+    free(qkv), free(dy);
+    for (int r = 0; r < 2; r++)
+        free(y[r]), free(dq[r]), free(lse[r]);
 }
 
 TEST(attention_threads_identical)
@@ -164,10 +219,13 @@ TEST(attention_threads_identical)
 TEST(attention_isa_paths_identical)
 {
     const cfg cases[] = {{2, 131, 2, 64, true, 0}, {1, 131, 3, 64, false, 0}, {2, 70, 2, 40, true, 0.2f},
-                         {1, 67, 2, 24, false, 0}, {1, 200, 1, 80, true, 0}};
+                         {1, 67, 2, 24, false, 0}, {1, 200, 1, 80, true, 0}, {2, 150, 2, 40, true, 0},
+                         {1, 200, 2, 24, true, 0}};
+    const int64_t windows[] = {0, 0, 0, 0, 0, 37, 2}; /* the last two: sliding windows */
     const dt_k_isa isa0 = dt_k_get_isa();
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const cfg c = cases[k];
+        const int64_t w = windows[k];
         const int64_t C = c.H * c.D, nq = c.B * c.T * 3 * C, ny = c.B * c.T * C;
         float *qkv = malloc((size_t)nq * 4), *dy = malloc((size_t)ny * 4);
         float *lse = malloc((size_t)(c.B * c.H * c.T) * 4), *y[2], *dq[2];
@@ -177,6 +235,11 @@ TEST(attention_isa_paths_identical)
         for (int r = 0; r < 2; r++) {
             ASSERT_OK(dt_k_set_isa(r ? DT_K_ISA_SCALAR : isa0));
             y[r] = malloc((size_t)ny * 4), dq[r] = malloc((size_t)nq * 4);
+            if (w) {
+                ASSERT_OK(dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, w, 0.0f, y[r], lse));
+                ASSERT_OK(dt_k_attention_window_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, w, 0.0f, dq[r]));
+                continue;
+            }
             ASSERT_OK(dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, c.causal, c.p, key, y[r], lse));
             ASSERT_OK(dt_k_attention_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, c.causal, c.p, key, dq[r]));
         }
@@ -266,6 +329,8 @@ TEST(xent_chunked_wide_rows)
 int main(void)
 {
     RUN(attention_vs_naive);
+    RUN(attention_window_vs_naive);
+    RUN(attention_window_none_same_bits);
     RUN(attention_threads_identical);
     RUN(attention_isa_paths_identical);
     RUN(attention_bad_args);

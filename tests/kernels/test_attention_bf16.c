@@ -23,7 +23,9 @@
  * scale (sum_d |dy_i v_j| + |Di|) times |k_j| or |q_i|: dP - Di cancels, and
  * their f32 sums and the f32 y in Di have rounding of that size), and the
  * gradients' final rounding to bf16 (2^-8 of the value). lse within 2^-18
- * (1 + |lse|). */
+ * (1 + |lse|). The same with sliding windows (dt_k_attention_window_fwd_lp
+ * and _bwd_lp): the tiles, the rows, and what a window hides staying
+ * hidden although pairs of keys and rows straddle its edge. */
 #include "dtrain/kernels.h"
 #include "kernels/amx_tiles.h"
 #include "kernels/attention_amx.h"
@@ -147,8 +149,9 @@ static void worst(int k, double e, double bound)
 }
 
 
-/* Check one case on the forced tiles against the double reference; returns the elements outside the bounds. */
-static int64_t amx_case(att_case c, float *yk, float *gk)
+/* Check one case on the forced tiles against the double reference; returns the elements outside the bounds.
+   window > 0: the sliding window's entry points (c causal, no dropout), query i seeing the keys (i - window, i]. */
+static int64_t amx_case(att_case c, int64_t window, float *yk, float *gk)
 {
     const int64_t B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)D), ps = c.p > 0.0f ? 1.0 / (1.0 - c.p) : 1.0;
@@ -166,8 +169,11 @@ static int64_t amx_case(att_case c, float *yk, float *gk)
         dt_k_convert(dy, DT_F32, dh, DT_BF16, B * T * C) < 0 || dt_k_convert(dh, DT_BF16, gw, DT_F32, B * T * C) < 0)
         return -1;
     dt__attention_amx_force(g_tiles);
-    if (dt_k_attention_fwd_heads_lp(DT_BF16, xh, B, T, H, D, 0, H, c.causal, c.p, key, y, NULL, lse) < 0 ||
-        dt_k_attention_bwd_heads_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, c.causal, c.p, key, g, NULL) < 0)
+    if (window > 0 ? dt_k_attention_window_fwd_lp(DT_BF16, xh, B, T, H, D, window, 0.0f, y, NULL, lse) < 0 ||
+                         dt_k_attention_window_bwd_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, window, 0.0f, g, NULL) < 0
+                   : dt_k_attention_fwd_heads_lp(DT_BF16, xh, B, T, H, D, 0, H, c.causal, c.p, key, y, NULL, lse) < 0 ||
+                         dt_k_attention_bwd_heads_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, c.causal, c.p, key, g,
+                                                     NULL) < 0)
         return -1;
     dt__attention_amx_force(NULL);
     if (yk)
@@ -184,25 +190,25 @@ static int64_t amx_case(att_case c, float *yk, float *gk)
 #define V_(j, d) ((double)X[(j) * C3 + 2 * C + (d)])
 #define DY(i, d) ((double)G[(i) * C + (d)])
             for (int64_t i = 0; i < T; i++) { /* forward: P (dropped in Pd below), y, lse */
-                const int64_t n = c.causal ? i + 1 : T;
+                const int64_t n = c.causal ? i + 1 : T, j0 = window > 0 && i >= window ? i + 1 - window : 0;
                 double mx = -INFINITY, l = 0.0;
-                for (int64_t j = 0; j < n; j++) {
+                for (int64_t j = j0; j < n; j++) {
                     double s = 0.0;
                     for (int64_t d = 0; d < D; d++)
                         s += Q_(i, d) * K_(j, d);
                     P[i * T + j] = s * scale;
                     mx = P[i * T + j] > mx ? P[i * T + j] : mx;
                 }
-                for (int64_t j = 0; j < n; j++)
+                for (int64_t j = j0; j < n; j++)
                     l += P[i * T + j] = exp(P[i * T + j] - mx);
                 for (int64_t j = 0; j < T; j++)
-                    P[i * T + j] = j < n ? P[i * T + j] / l : 0.0;
+                    P[i * T + j] = j >= j0 && j < n ? P[i * T + j] / l : 0.0;
                 double lr = mx + log(l), e = fabs(lse[bh * T + i] - lr), bd = 0x1p-18 * (1.0 + fabs(lr));
                 bad += !(e <= bd);
                 worst(0, e, bd);
                 for (int64_t d = 0; d < D; d++) {
                     double acc = 0.0, mag = 0.0;
-                    for (int64_t j = 0; j < n; j++) {
+                    for (int64_t j = j0; j < n; j++) {
                         double pd = dropped(key, c.p, ps, bh, T, i, j, P[i * T + j]);
                         acc += pd * V_(j, d);
                         mag += pd * fabs(V_(j, d));
@@ -280,7 +286,7 @@ TEST(amx_matches_reference)
         dt__amx_emul_stats e0, e1;
         dt__attention_amx_stats_get(&s0);
         dt__amx_emul_stats_get(&e0);
-        int64_t bad = amx_case(cases[n / 4], NULL, NULL);
+        int64_t bad = amx_case(cases[n / 4], 0, NULL, NULL);
         dt__attention_amx_stats_get(&s1);
         dt__amx_emul_stats_get(&e1);
         if (bad)
@@ -312,11 +318,122 @@ TEST(rows_bf16_matches_reference)
     dt__attention_amx_stats s0, s1;
     dt__attention_amx_stats_get(&s0);
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++)
-        ASSERT_EQ_INT((long long)amx_case(cases[n], NULL, NULL), 0);
+        ASSERT_EQ_INT((long long)amx_case(cases[n], 0, NULL, NULL), 0);
     dt__attention_amx_stats_get(&s1);
     dt__attention_amx_disable(false);
     g_tiles = keep_tiles;
     ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+/* Sliding windows on the tiles and on the avx512_bf16 rows, within the same bounds: windows 1 and 2 (a row's
+   keys inside one tile block, pairs of keys and rows split by the edge), 31, 32 and 33 (a tile block and one key
+   either side), 64 and 65 (a key block of the rows), 100; odd and even, T not a multiple of 32 or 64, B and H
+   above 1, D not a multiple of 32. On the tiles every task stays there (no fallback). */
+static const struct {
+    att_case c;
+    int64_t window;
+} g_window_cases[] = {
+    {{1, 150, 2, 64, true, 0.0f}, 1},  {{2, 131, 2, 40, true, 0.0f}, 2},   {{1, 150, 3, 64, true, 0.0f}, 31},
+    {{2, 100, 2, 32, true, 0.0f}, 32}, {{1, 150, 2, 40, true, 0.0f}, 33},  {{1, 200, 2, 64, true, 0.0f}, 64},
+    {{2, 150, 2, 24, true, 0.0f}, 65}, {{1, 230, 1, 64, true, 0.0f}, 100},
+};
+
+TEST(amx_window_matches_reference)
+{
+    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
+    const size_t nc = sizeof g_window_cases / sizeof g_window_cases[0];
+    for (size_t n = 0; n < 4 * nc; n++) { /* every case on each path's rows */
+        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
+            continue;
+        dt__attention_amx_stats s0, s1;
+        dt__attention_amx_stats_get(&s0);
+        int64_t bad = amx_case(g_window_cases[n / 4].c, g_window_cases[n / 4].window, NULL, NULL);
+        dt__attention_amx_stats_get(&s1);
+        if (bad)
+            printf("window case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4],
+                   (long long)bad);
+        ASSERT_EQ_INT((long long)bad, 0);
+        ASSERT(s1.tasks > s0.tasks);
+        ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    printf("worst error / bound: lse %.3f y %.3f dq %.3f dk %.3f dv %.3f\n", g_worst[0], g_worst[1], g_worst[3],
+           g_worst[4], g_worst[5]);
+}
+
+TEST(rows_bf16_window_matches_reference)
+{
+    if (dt_k_set_isa(DT_K_ISA_AVX512_BF16) != DT_OK)
+        DT_TEST_SKIP("no avx512_bf16 path on this CPU (or capped by DT_MAX_CPU_ISA)");
+    const dt__amx_tiles *keep_tiles = g_tiles;
+    g_tiles = NULL;
+    dt__attention_amx_disable(true);
+    dt__attention_amx_stats s0, s1;
+    dt__attention_amx_stats_get(&s0);
+    for (size_t n = 0; n < sizeof g_window_cases / sizeof g_window_cases[0]; n++)
+        ASSERT_EQ_INT((long long)amx_case(g_window_cases[n].c, g_window_cases[n].window, NULL, NULL), 0);
+    dt__attention_amx_stats_get(&s1);
+    dt__attention_amx_disable(false);
+    g_tiles = keep_tiles;
+    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+/* What a window hides stays hidden although the bf16 products pair keys (2m, 2m + 1) and rows (2m, 2m + 1): infinite
+   k and v in an even key (the rows whose window starts at the odd key after it pair them), an infinite q and dy in
+   odd rows (the keys whose last row is the even row before them pair them) and a dy in an even row (window 1: the
+   key after it pairs it), windows 1, odd and even, on the avx512_bf16 rows and on the tiles (a task that packs a
+   non-finite value runs the rows instead): y, lse and dqkv are NaN or infinite exactly where the scalar path (the
+   f32 arithmetic on the widened qkv, which never reads what the window hides) has them, finite elsewhere. */
+TEST(window_hides_nonfinite)
+{
+    enum { T = 150, H = 2, D = 40, C = H * D, C3 = 3 * C };
+    static float x[T * C3], dy[T * C], y[3][T * C], lse[3][H * T], g[3][T * C3];
+    static uint16_t xh[T * C3];
+    static const int64_t windows[3] = {1, 5, 6};
+    for (int k = 0; k < 3; k++) {
+        const int64_t window = windows[k];
+        dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 0, 0), 0, x, T * C3, -2.0f, 2.0f);
+        dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 1, 0), 0, dy, T * C, -1.0f, 1.0f);
+        for (int d = 0; d < D; d++) /* head 0: key 68's k and v (rows 68 to 67 + window see it) */
+            x[68 * C3 + C + d] = x[68 * C3 + 2 * C + d] = INFINITY;
+        x[64 * C3 + C + D + 3] = -INFINITY; /* head 1: key 64's k */
+        x[101 * C3 + D + 7] = INFINITY;      /* head 1: row 101's q */
+        dy[121 * C + 5] = INFINITY;          /* head 0: row 121's dy */
+        dy[130 * C + D + 2] = INFINITY;      /* head 1: row 130's dy (window 1: row 130 does not see key 131) */
+        ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, T * C3));
+        for (int r = 0; r < 3; r++) { /* the scalar path, the avx512_bf16 rows, the tiles */
+            if (r && dt_k_set_isa(DT_K_ISA_AVX512_BF16) != DT_OK)
+                break;
+            if (!r)
+                ASSERT_OK(dt_k_set_isa(DT_K_ISA_SCALAR));
+            dt__attention_amx_disable(r == 1);
+            dt__attention_amx_force(r == 2 ? g_tiles : NULL);
+            ASSERT_OK(dt_k_attention_window_fwd_lp(DT_BF16, xh, 1, T, H, D, window, 0.0f, y[r], NULL, lse[r]));
+            ASSERT_OK(dt_k_attention_window_bwd_lp(DT_BF16, xh, y[0], lse[0], dy, 1, T, H, D, window, 0.0f, g[r],
+                                                   NULL));
+            dt__attention_amx_force(NULL);
+            dt__attention_amx_disable(false);
+            int64_t bad_y = 0, bad_g = 0, diff = 0;
+            for (int64_t i = 0; i < (int64_t)T * C; i++) {
+                bad_y += !isfinite(y[0][i]);
+                diff += isnan(y[0][i]) != isnan(y[r][i]) || isinf(y[0][i]) != isinf(y[r][i]);
+            }
+            for (int64_t i = 0; i < (int64_t)H * T; i++)
+                diff += isnan(lse[0][i]) != isnan(lse[r][i]);
+            for (int64_t i = 0; i < (int64_t)T * C3; i++) {
+                bad_g += !isfinite(g[0][i]);
+                diff += isnan(g[0][i]) != isnan(g[r][i]) || isinf(g[0][i]) != isinf(g[r][i]);
+            }
+            ASSERT(bad_y > 0 && bad_y < T * C / 8); /* the case does reach non-finite values, not everywhere */
+            ASSERT(bad_g > 0 && bad_g < T * C3 / 8);
+            if (diff)
+                printf("window %lld, path %d: %lld elements differ in finiteness\n", (long long)window, r,
+                       (long long)diff);
+            ASSERT_EQ_INT((long long)diff, 0);
+        }
+    }
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 
@@ -330,9 +447,9 @@ TEST(amx_threads_same_bits)
           *g8 = malloc((size_t)ng * 4);
     const int nt = dt_get_num_threads();
     dt_set_num_threads(1);
-    ASSERT_EQ_INT((long long)amx_case(c, y1, g1), 0);
+    ASSERT_EQ_INT((long long)amx_case(c, 0, y1, g1), 0);
     dt_set_num_threads(16);
-    ASSERT_EQ_INT((long long)amx_case(c, y8, g8), 0);
+    ASSERT_EQ_INT((long long)amx_case(c, 0, y8, g8), 0);
     dt_set_num_threads(nt);
     ASSERT(!memcmp(y1, y8, (size_t)ny * 4));
     ASSERT(!memcmp(g1, g8, (size_t)ng * 4));
@@ -480,6 +597,7 @@ TEST(amx_dispatch)
 static int run_tile_checks(void)
 {
     RUN(amx_matches_reference);
+    RUN(amx_window_matches_reference);
     RUN(amx_threads_same_bits);
     RUN(amx_nonfinite_falls_back);
     RUN(amx_nonfinite_every_lane);
@@ -504,5 +622,7 @@ int main(int argc, char **argv)
     RUN(attention_bf16_rounds_probabilities);
     RUN(attention_bf16_mask_hides_nonfinite);
     RUN(rows_bf16_matches_reference);
+    RUN(rows_bf16_window_matches_reference);
+    RUN(window_hides_nonfinite);
     return run_tile_checks();
 }
