@@ -19,9 +19,9 @@ typedef struct {
     float *lse;
     dt_rng_key key;
     float p;
-    int64_t window; /* dt_attention_window's (the plain kernel, f32 only): > 0 a sliding window, */
-    float softcap;  /* > 0 a soft cap */
-    bool plain;     /* dt_attention_window's kernel */
+    int64_t window; /* dt_attention_window's: > 0 a sliding window, */
+    float softcap;  /* > 0 a soft cap (f32 only) */
+    bool windowed;  /* dt_attention_window (kernels.h's dt_k_attention_window_*) */
     bool causal;
 } attn_saved;
 
@@ -35,13 +35,17 @@ dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
     float *g = err ? NULL : dt__grad_begin(ctx, n->in[0]);
     if (!g)
         return dt_last_status();
-    dt_status st = s->plain ? dt_k_attention_window_bwd(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
-                                                        n->i[3], s->window, s->softcap, g)
-                   : t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
-                                                          n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g)
-                                 : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, n->i[0], n->i[1],
-                                                               n->i[2], n->i[3], n->i[4], n->i[5], s->causal, s->p,
-                                                               s->key, g, gs);
+    const int64_t B = n->i[0], T = n->i[1], H = n->i[2], D = n->i[3];
+    dt_status st;
+    if (s->windowed)
+        st = t == DT_F32 ? dt_k_attention_window_bwd(s->qkv, s->y, s->lse, gout, B, T, H, D, s->window, s->softcap, g)
+                         : dt_k_attention_window_bwd_lp(t, s->qkv, s->y, s->lse, gout, B, T, H, D, s->window,
+                                                        s->softcap, g, gs);
+    else
+        st = t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, B, T, H, D, n->i[4], n->i[5],
+                                                    s->causal, s->p, s->key, g)
+                         : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, B, T, H, D, n->i[4], n->i[5],
+                                                       s->causal, s->p, s->key, g, gs);
     if (st < 0 || (st = dt__grad_commit(ctx, n->in[0], g)) < 0)
         return st;
     if (gs)
@@ -60,23 +64,24 @@ dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, fl
  * output for the backward and writes the result rounded to qkv's dtype, and
  * the backward rounds dy and the qkv gradient as the casts' backward do.
  * The same bits as dt_cast to f32, the f32 op and dt_cast back, without the
- * two cast nodes and their passes over qkv and y. plain: dt_attention_window's
- * kernel (kernels.h, dt_k_attention_window_fwd) with its window and soft
- * cap, on f32: a bf16/f16 qkv is widened and the result rounded
- * (DT__LP_RUN). */
+ * two cast nodes and their passes over qkv and y. windowed:
+ * dt_attention_window's kernels (kernels.h, dt_k_attention_window_fwd and
+ * _lp) with its window and soft cap; they choose the blocked kernel or,
+ * for the cap, the plain one, which is f32 only: with a cap a bf16/f16 qkv
+ * is widened and the result rounded (DT__LP_RUN). */
 static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_head, int head0, int heads_total,
-                            bool causal, float dropout_p, bool training, dt_rng_key key, bool plain, int64_t window,
-                            float softcap)
+                            bool causal, float dropout_p, bool training, dt_rng_key key, bool windowed,
+                            int64_t window, float softcap)
 {
     DT__NEED(ctx, op, qkv);
     dt_tensor *lp[1] = {qkv}; /* autocast "lower" (PyTorch's sdpa) */
     if (!dt__autocast(ctx, DT_OP_ATTENTION, 1, lp))
         return NULL;
     qkv = lp[0];
-    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) && !plain ? qkv->dtype : DT_F32;
+    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) && softcap == 0.0f ? qkv->dtype : DT_F32;
     if (t == DT_F32) {
         DT__LP_RUN(ctx, 1, lp, qkv->dtype,
-                   attention(ctx, op, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key, plain,
+                   attention(ctx, op, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key, windowed,
                              window, softcap));
         DT__NEED_F32(ctx, op, qkv);
     }
@@ -98,10 +103,15 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_h
     float *lse = dt_arena_alloc(ctx->arena, (size_t)(B * H * T > 0 ? B * H * T : 1) * sizeof(float));
     if (!x || !out || !y || !lse)
         return NULL;
-    if ((plain ? dt_k_attention_window_fwd(x, B, T, H, D, window, softcap, y, lse)
-         : t == DT_F32  ? dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, y, lse)
-                        : dt_k_attention_fwd_heads_lp(t, x, B, T, H, D, head0, heads_total, causal, p, key, y,
-                                                      out->data, lse)) < 0) {
+    dt_status st;
+    if (windowed)
+        st = t == DT_F32 ? dt_k_attention_window_fwd(x, B, T, H, D, window, softcap, y, lse)
+                         : dt_k_attention_window_fwd_lp(t, x, B, T, H, D, window, softcap, y, out->data, lse);
+    else
+        st = t == DT_F32 ? dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, y, lse)
+                         : dt_k_attention_fwd_heads_lp(t, x, B, T, H, D, head0, heads_total, causal, p, key, y,
+                                                       out->data, lse);
+    if (st < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -111,7 +121,7 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_h
         if (!n)
             return NULL;
         *s = (attn_saved){.qkv = x, .y = y, .lse = lse, .key = key, .p = p, .window = window, .softcap = softcap,
-                          .plain = plain, .causal = causal};
+                          .windowed = windowed, .causal = causal};
         n->saved[0] = s;
         n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = head0, n->i[5] = heads_total, n->i[6] = t;
     }
@@ -133,10 +143,9 @@ dt_tensor *dt_attention_window(dt_ctx *ctx, dt_tensor *qkv, int n_head, int64_t 
                  "none)", op, (long long)window, (double)softcap);
         return NULL;
     }
-    /* a window that covers every row is none; without a cap the blocked kernel then runs */
-    const bool plain = softcap > 0.0f || (window > 0 && qkv && qkv->ndim == 3 && window < qkv->shape[1]);
-    return attention(ctx, op, qkv, n_head, 0, n_head, true, 0.0f, false, (dt_rng_key){0}, plain,
-                     plain ? window : 0, softcap);
+    /* the kernels choose (kernels.h): without a cap the blocked one with the window (a window of T or more,
+       or 0, gives dt_attention's bits), with one the plain one */
+    return attention(ctx, op, qkv, n_head, 0, n_head, true, 0.0f, false, (dt_rng_key){0}, true, window, softcap);
 }
 
 /* ---- bias + GELU (tanh) ---------------------------------------------------------- */

@@ -20,8 +20,10 @@
  *
  * Cases: GPT-2's packed qkv (causal and not, dropout on and off, head sizes
  * that take the kernels' 64-, 32-, 8-column and scalar-tail loops, T past
- * one key block), and Llama's path (q and k roped, dt_gqa_pack with grouped
- * kv heads, under bf16 autocast) with q, k, v leaves' gradients. */
+ * one key block; dt_attention_window's sliding windows without a cap,
+ * which run the same kernel), and Llama's path (q and k roped, dt_gqa_pack
+ * with grouped kv heads, under bf16 autocast) with q, k, v leaves'
+ * gradients. */
 #include "dtrain/dtrain.h"
 #include "test.h"
 
@@ -134,8 +136,10 @@ static dt_tensor *leaf(dt_dtype dt, int64_t b, int64_t t, int64_t c, const float
  * composition on the same values, then the backward of both with one f32
  * upstream gradient (specials: with a subnormal, a value that rounds to
  * infinity in dt, a signalling NaN, and so NaN gradients downstream, all
- * compared by bits). */
-static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p, bool specials)
+ * compared by bits). window > 0: dt_attention_window's sliding window
+ * (causal, no dropout, no cap: the blocked kernel) instead. */
+static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p, bool specials,
+                     int64_t window)
 {
     const int64_t C = H * D, M = B * T * 3 * C, N = B * T * C;
     dt_ctx *ctx = NULL;
@@ -162,9 +166,13 @@ static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bo
             ASSERT((x[k] = leaf(dt, B, T, 3 * C, xv, &g[k])) != NULL);
         dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, T, C), gv);
         size_t t0 = dt_ag_tape_len(ctx);
-        dt_tensor *y = dt_attention(ctx, x[0], (int)H, causal, p, true, key);
+        dt_tensor *y = window > 0 ? dt_attention_window(ctx, x[0], (int)H, window, 0.0f)
+                                  : dt_attention(ctx, x[0], (int)H, causal, p, true, key);
         ASSERT_EQ_INT((int)(dt_ag_tape_len(ctx) - t0), 1); /* no cast nodes */
-        dt_tensor *yr = dt_cast(ctx, dt_attention(ctx, dt_cast(ctx, x[1], DT_F32), (int)H, causal, p, true, key), dt);
+        dt_tensor *xw = dt_cast(ctx, x[1], DT_F32);
+        dt_tensor *yw = window > 0 ? dt_attention_window(ctx, xw, (int)H, window, 0.0f)
+                                   : dt_attention(ctx, xw, (int)H, causal, p, true, key);
+        dt_tensor *yr = dt_cast(ctx, yw, dt);
         ASSERT(y && yr && y->dtype == dt && yr->dtype == dt);
         ASSERT_MATCH(g_paths[pi], dt, dt, a_path(g_paths[pi], dt, A_KERNEL), y->data, yr->data, N);
         ASSERT_OK(dt_backward_with(ctx, y, R));
@@ -189,12 +197,18 @@ static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bo
 
 TEST(attention_lp_equals_widened)
 {
-    gpt_case(DT_BF16, 2, 70, 3, 40, true, 0.0f, false);  /* two key blocks, 32 + 8 columns */
-    gpt_case(DT_BF16, 1, 37, 2, 64, false, 0.0f, false); /* 64 columns, no mask */
-    gpt_case(DT_BF16, 2, 20, 2, 13, true, 0.2f, false);  /* dropout, scalar tail */
-    gpt_case(DT_BF16, 2, 20, 2, 16, true, 0.0f, true);   /* subnormal, overflow, NaN */
-    gpt_case(DT_F16, 2, 33, 2, 24, true, 0.0f, false);
-    gpt_case(DT_F16, 2, 20, 2, 16, true, 0.0f, true);
+    gpt_case(DT_BF16, 2, 70, 3, 40, true, 0.0f, false, 0);  /* two key blocks, 32 + 8 columns */
+    gpt_case(DT_BF16, 1, 37, 2, 64, false, 0.0f, false, 0); /* 64 columns, no mask */
+    gpt_case(DT_BF16, 2, 20, 2, 13, true, 0.2f, false, 0);  /* dropout, scalar tail */
+    gpt_case(DT_BF16, 2, 20, 2, 16, true, 0.0f, true, 0);   /* subnormal, overflow, NaN */
+    gpt_case(DT_F16, 2, 33, 2, 24, true, 0.0f, false, 0);
+    gpt_case(DT_F16, 2, 20, 2, 16, true, 0.0f, true, 0);
+    /* sliding windows: odd and even, a key block's, no multiple of a block; the tiles from 96 tokens */
+    gpt_case(DT_BF16, 2, 150, 2, 40, true, 0.0f, false, 37);
+    gpt_case(DT_BF16, 1, 150, 2, 64, true, 0.0f, false, 64);
+    gpt_case(DT_BF16, 2, 70, 3, 24, true, 0.0f, false, 2);
+    gpt_case(DT_BF16, 2, 45, 2, 16, true, 0.0f, true, 9);
+    gpt_case(DT_F16, 2, 131, 2, 24, true, 0.0f, false, 65);
 }
 
 /* Llama: q [B, T, H hd], k and v [B, T, KV hd] of dt; q and k roped, then

@@ -211,17 +211,22 @@ static dt_tensor *f_softcap(dt_ctx *c, dt_tensor **in, void *u)
     return dt_softcap(c, in[0], 1.5f);
 }
 
-/* The ISA paths the CPU has (dt_k_set_isa): the window kernel's rows run 1, 8 or 16 lanes wide */
-static const dt_k_isa g_isas[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512};
+/* The ISA paths the CPU has (dt_k_set_isa): the window kernel's rows run 1, 8 or 16 lanes wide; a bf16 qkv
+   without a cap runs the avx512_bf16 path's own products (vdpbf16ps rows, or tiles from 96 tokens on a CPU
+   without AMX, 64 with it) */
+static const dt_k_isa g_isas[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
 
+/* Sliding windows with and without a cap; without one the blocked kernel: windows 1 and 2 (a row's keys and a
+   key's rows split by the edge), 9; T 100 with window 9, so that the rows from 72 on skip the first key block
+   and the key block from 64 is seen from row 64 on */
 TEST(window_softcap_grads)
 {
-    static float cases[3][2] = {{0, 0.6f}, {9, 0.6f}, {9, 0}}; /* rows of up to 10 keys: the 8-lane steps too */
-    for (int pi = 0; pi < 3; pi++) {
+    static float cases[6][2] = {{0, 0.6f}, {9, 0.6f}, {9, 0}, {1, 0}, {2, 0}, {9, 0}}; /* rows of up to 10 keys */
+    for (int pi = 0; pi < 4; pi++) {
         if (dt_k_set_isa(g_isas[pi]) != DT_OK)
             continue;
-        for (int k = 0; k < 3; k++) {
-            dt_tensor *in[1] = {T(41 + k, 1, 10, 36)};
+        for (int k = 0; k < 6; k++) {
+            dt_tensor *in[1] = {k == 5 ? T(41 + k, 1, 100, 36) : T(41 + k, 1, 10, 36)};
             char name[96];
             snprintf(name, sizeof name, "attention, window %g, cap %g (%s)", (double)cases[k][0],
                      (double)cases[k][1], dt_k_isa_name(g_isas[pi]));
@@ -252,7 +257,7 @@ TEST(window_softcap_forward_reference)
         int64_t window;
         double cap;
     } cases[4] = {{0, 0.8}, {11, 0.8}, {11, 0}, {1, 0}};
-    for (int kk = 0; kk < 12; kk++) { /* each case on each ISA path the CPU has */
+    for (int kk = 0; kk < 16; kk++) { /* each case on each ISA path the CPU has */
         const int k = kk % 4;
         if (dt_k_set_isa(g_isas[kk / 4]) != DT_OK)
             continue;
@@ -329,6 +334,184 @@ TEST(window_softcap_forward_reference)
         ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
     }
     dt_tensor_free(qkv);
+    dt_ctx_free(ctx);
+}
+
+/* ---- the sliding window on the blocked kernel (no cap) ---- */
+
+/* Causal attention with the sliding window (query i sees the keys (i - window, i]) in double over qkv values x
+   (B, T, 3C), as transformers' eager attention computes it (scores, the mask, softmax), and its gradient for the
+   upstream gradient R (B, T, C): y (B, T, C), g (B, T, 3C). */
+static void window_ref(const float *x, const float *R, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                       double *y, double *g)
+{
+    const int64_t C = H * D, C3 = 3 * C;
+    const double scale = 1 / sqrt((double)D);
+    double *P = malloc((size_t)(T * T) * sizeof *P), *dP = malloc((size_t)T * sizeof *dP);
+    memset(g, 0, (size_t)(B * T * C3) * sizeof *g);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *X = x + b * T * C3 + h * D, *G = R + b * T * C + h * D;
+            double *gq = g + b * T * C3 + h * D, *gk = gq + C, *gv = gq + 2 * C;
+            for (int64_t i = 0; i < T; i++) {
+                const int64_t j0 = window > 0 && i + 1 > window ? i + 1 - window : 0;
+                double mx = -INFINITY, sum = 0, Di = 0;
+                for (int64_t j = 0; j < T; j++) {
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++)
+                        s += (double)X[i * C3 + e] * X[j * C3 + C + e];
+                    P[i * T + j] = j >= j0 && j <= i ? s * scale : -INFINITY;
+                    mx = fmax(mx, P[i * T + j]);
+                }
+                for (int64_t j = 0; j < T; j++)
+                    sum += P[i * T + j] = exp(P[i * T + j] - mx);
+                for (int64_t e = 0; e < D; e++)
+                    y[(b * T + i) * C + h * D + e] = 0;
+                for (int64_t j = 0; j < T; j++) {
+                    P[i * T + j] /= sum;
+                    dP[j] = 0;
+                    for (int64_t e = 0; e < D; e++) {
+                        y[(b * T + i) * C + h * D + e] += P[i * T + j] * X[j * C3 + 2 * C + e];
+                        dP[j] += (double)G[i * C + e] * X[j * C3 + 2 * C + e];
+                        gv[j * C3 + e] += P[i * T + j] * G[i * C + e];
+                    }
+                    Di += P[i * T + j] * dP[j];
+                }
+                for (int64_t j = 0; j < T; j++) {
+                    const double dS = P[i * T + j] * (dP[j] - Di) * scale;
+                    for (int64_t e = 0; e < D; e++) {
+                        gq[i * C3 + e] += dS * X[j * C3 + C + e];
+                        gk[j * C3 + e] += dS * X[i * C3 + e];
+                    }
+                }
+            }
+        }
+    free(P);
+    free(dP);
+}
+
+/* The largest |got - want| over n elements divided by the bound a + r max|want| (a pass: <= 1). */
+static double worst_ratio(const float *got, const double *want, int64_t n, double a, double r)
+{
+    double big = 0, w = 0;
+    for (int64_t i = 0; i < n; i++)
+        big = fmax(big, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - want[i]);
+        w = isnan(e) ? INFINITY : fmax(w, e / (a + r * big));
+    }
+    return w;
+}
+
+/* A leaf [B, T, N] of dtype dt holding v (v already holds dt's values), with an f32 gradient buffer. */
+static dt_tensor *window_leaf(dt_dtype dt, int64_t B, int64_t T, int64_t N, const float *v)
+{
+    dt_tensor *x = dt_tensor_new(dt, 3, SH(B, T, N));
+    if (!x || dt_k_convert(v, DT_F32, x->data, dt, B * T * N) < 0 || dt_tensor_set_requires_grad(x, true) < 0)
+        return NULL;
+    return x;
+}
+
+/* The sliding window without a cap (dt_attention_window on the blocked kernel, key blocks outside the window
+   skipped, the edge masked inside a block), f32 and bf16, forward and backward, against window_ref on every ISA path
+   the CPU has: windows 1 and 2, a query block (16), a tile block (32), a key block (64), 37 and 100 (no multiple of
+   a block), T 150 (no multiple of a block; a bf16 qkv takes the avx512_bf16 path's tiles there) and 50 (its rows), B
+   2 and 3 heads. f32: y within 2e-6 (the bound above), dqkv within 2e-6 of its largest |value| (a tenth of
+   tests/kernels/test_attention's bound); bf16 (probabilities rounded to bf16 on the avx512_bf16 path, the result and
+   the gradient rounded to bf16): within 2^-7 of the largest |value| (kernels.h's bound in the tests) plus one
+   rounding. Then a window of T or more, or 0, is dt_attention, bit for bit, forward and backward, both dtypes. */
+TEST(window_blocked_reference)
+{
+    enum { B = 2, H = 3, D = 16, C = H * D, TM = 150 };
+    const struct {
+        int64_t T, window;
+    } cases[] = {{150, 1}, {150, 2}, {150, 16}, {150, 32}, {150, 37}, {150, 64}, {150, 100}, {50, 2}, {50, 37}};
+    const dt_dtype dts[2] = {DT_F32, DT_BF16};
+    float *xv = malloc((size_t)(B * TM * 3 * C) * 4), *rv = malloc((size_t)(B * TM * C) * 4);
+    double *yr = malloc((size_t)(B * TM * C) * 8), *gr = malloc((size_t)(B * TM * 3 * C) * 8);
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    for (int di = 0; di < 2; di++) {
+        const dt_dtype dt = dts[di];
+        /* the values, held in dt (so the reference starts from the kernel's inputs) */
+        dt_rng_fill_normal(dt_rng_key_make(51, DT_RNG_USER, 0, 0), 0, xv, (size_t)(B * TM * 3 * C), 0.0f, 1.0f);
+        dt_rng_fill_normal(dt_rng_key_make(51, DT_RNG_USER, 1, 0), 0, rv, (size_t)(B * TM * C), 0.0f, 1.0f);
+        for (int64_t i = 0; i < B * TM * 3 * C && dt != DT_F32; i++)
+            xv[i] = dt_bf16_to_f32(dt_f32_to_bf16(xv[i]));
+        for (int64_t i = 0; i < B * TM * C && dt != DT_F32; i++)
+            rv[i] = dt_bf16_to_f32(dt_f32_to_bf16(rv[i]));
+        double worst_y = 0, worst_g = 0;
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            const int64_t TT = cases[k].T, w = cases[k].window;
+            /* the reference on the first T rows of each sequence: the values of a [B, T] qkv */
+            float *xs = malloc((size_t)(B * TT * 3 * C) * 4), *rs = malloc((size_t)(B * TT * C) * 4);
+            for (int64_t b = 0; b < B; b++) {
+                memcpy(xs + b * TT * 3 * C, xv + b * TM * 3 * C, (size_t)(TT * 3 * C) * 4);
+                memcpy(rs + b * TT * C, rv + b * TM * C, (size_t)(TT * C) * 4);
+            }
+            window_ref(xs, rs, B, TT, H, D, w, yr, gr);
+            for (int pi = 0; pi < 4; pi++) {
+                if (dt_k_set_isa(g_isas[pi]) != DT_OK)
+                    continue;
+                dt_tensor *x = window_leaf(dt, B, TT, 3 * C, xs);
+                dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, TT, C), rs);
+                dt_tensor *y = x && R ? dt_attention_window(ctx, x, H, w, 0.0f) : NULL;
+                ASSERT(y && y->dtype == dt);
+                ASSERT_OK(dt_backward_with(ctx, y, R));
+                float *yf = malloc((size_t)(B * TT * C) * 4), *gf = malloc((size_t)(B * TT * 3 * C) * 4);
+                ASSERT_OK(dt_k_convert(y->data, dt, yf, DT_F32, B * TT * C));
+                ASSERT_OK(dt_k_convert(x->grad->data, x->grad->dtype, gf, DT_F32, B * TT * 3 * C)); /* dt's grad */
+                const double ey = dt == DT_F32 ? worst_ratio(yf, yr, B * TT * C, 2e-6, 0)
+                                               : worst_ratio(yf, yr, B * TT * C, 0, 0x1p-7 + 0x1p-8);
+                const double eg = dt == DT_F32 ? worst_ratio(gf, gr, B * TT * 3 * C, 0, 2e-6)
+                                               : worst_ratio(gf, gr, B * TT * 3 * C, 0, 0x1p-7 + 0x1p-8);
+                if (!(ey <= 1 && eg <= 1))
+                    fprintf(stderr, "  %s, T %lld, window %lld (%s): y at %.3g of its bound, dqkv at %.3g\n",
+                            dt_dtype_name(dt), (long long)TT, (long long)w, dt_k_isa_name(g_isas[pi]), ey, eg);
+                ASSERT(ey <= 1 && eg <= 1);
+                worst_y = fmax(worst_y, ey);
+                worst_g = fmax(worst_g, eg);
+                free(yf);
+                free(gf);
+                dt_tensor_free(x);
+                dt_ctx_reset(ctx);
+            }
+            free(xs);
+            free(rs);
+        }
+        fprintf(stderr, "  %s sliding windows, blocked kernel: y within %.3g of its bound, dqkv %.3g\n",
+                dt_dtype_name(dt), worst_y, worst_g);
+        /* a window of T or more, or 0: dt_attention's bits, forward and backward (T 150: a bf16 qkv on the
+           tiles on the avx512_bf16 path) */
+        for (int pi = 0; pi < 4; pi++) {
+            if (dt_k_set_isa(g_isas[pi]) != DT_OK)
+                continue;
+            const int64_t windows[3] = {0, TM, TM + 5};
+            dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, TM, C), rv);
+            dt_tensor *x0 = window_leaf(dt, B, TM, 3 * C, xv);
+            dt_tensor *y0 = x0 && R ? dt_attention(ctx, x0, H, true, 0.0f, false, (dt_rng_key){0}) : NULL;
+            ASSERT(y0);
+            ASSERT_OK(dt_backward_with(ctx, y0, R));
+            for (int k = 0; k < 3; k++) {
+                dt_tensor *x1 = window_leaf(dt, B, TM, 3 * C, xv);
+                dt_tensor *y1 = x1 ? dt_attention_window(ctx, x1, H, windows[k], 0.0f) : NULL;
+                ASSERT(y1);
+                ASSERT_OK(dt_backward_with(ctx, y1, R));
+                const size_t es = dt == DT_F32 ? 4 : 2; /* y and the leaf's gradient hold dt */
+                ASSERT(y1->dtype == dt && x1->grad->dtype == dt && x0->grad->dtype == dt);
+                ASSERT(!memcmp(y0->data, y1->data, (size_t)(B * TM * C) * es));
+                ASSERT(!memcmp(x0->grad->data, x1->grad->data, (size_t)(B * TM * 3 * C) * es));
+                dt_tensor_free(x1);
+            }
+            dt_tensor_free(x0);
+            dt_ctx_reset(ctx);
+        }
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(xv);
+    free(rv);
+    free(yr);
+    free(gr);
     dt_ctx_free(ctx);
 }
 
@@ -790,6 +973,7 @@ int main(void)
     RUN(bf16_inputs);
     RUN(window_softcap_grads);
     RUN(window_softcap_forward_reference);
+    RUN(window_blocked_reference);
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
     RUN(rope_lp_equals_widened);
