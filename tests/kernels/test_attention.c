@@ -200,16 +200,25 @@ TEST(attention_threads_identical)
     fill(dy, ny, 4, 1.0f);
     dt_rng_key key = dt_rng_key_make(1, DT_RNG_DROPOUT, 0, 0);
     int th0 = dt_get_num_threads();
-    for (int r = 0; r < 2; r++) {
-        dt_set_num_threads(r ? 2 : 1);
-        y[r] = malloc((size_t)ny * 4), dq[r] = malloc((size_t)nq * 4);
-        ASSERT_OK(dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, true, c.p, key, y[r], lse));
-        ASSERT_OK(dt_k_attention_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, true, c.p, key, dq[r]));
+    for (int64_t w = 0; w <= 20; w += 20) { /* dropout, then a sliding window (the tasks' first keys move with
+                                               the threads' grouping of query blocks) */
+        for (int r = 0; r < 2; r++) {
+            dt_set_num_threads(r ? 2 : 1);
+            y[r] = malloc((size_t)ny * 4), dq[r] = malloc((size_t)nq * 4);
+            if (w) {
+                ASSERT_OK(dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, w, 0.0f, y[r], lse));
+                ASSERT_OK(dt_k_attention_window_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, w, 0.0f, dq[r]));
+                continue;
+            }
+            ASSERT_OK(dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, true, c.p, key, y[r], lse));
+            ASSERT_OK(dt_k_attention_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, true, c.p, key, dq[r]));
+        }
+        dt_set_num_threads(th0);
+        ASSERT_EQ_INT(memcmp(y[0], y[1], (size_t)ny * 4), 0);
+        ASSERT_EQ_INT(memcmp(dq[0], dq[1], (size_t)nq * 4), 0);
+        free(y[0]), free(y[1]), free(dq[0]), free(dq[1]);
     }
-    dt_set_num_threads(th0);
-    ASSERT_EQ_INT(memcmp(y[0], y[1], (size_t)ny * 4), 0);
-    ASSERT_EQ_INT(memcmp(dq[0], dq[1], (size_t)nq * 4), 0);
-    free(qkv), free(dy), free(lse), free(y[0]), free(y[1]), free(dq[0]), free(dq[1]);
+    free(qkv), free(dy), free(lse);
 }
 
 /* An f32 qkv gives the same bits on the vector paths (the 4-key weighted

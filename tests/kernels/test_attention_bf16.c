@@ -441,22 +441,27 @@ TEST(window_hides_nonfinite)
  * task's sums run in a fixed order), the tiles released. */
 TEST(amx_threads_same_bits)
 {
-    const att_case c = {2, 40, 3, 64, true, 0.0f};
-    const int64_t ny = c.B * c.T * c.H * c.D, ng = 3 * ny;
-    float *y1 = malloc((size_t)ny * 4), *g1 = malloc((size_t)ng * 4), *y8 = malloc((size_t)ny * 4),
-          *g8 = malloc((size_t)ng * 4);
-    const int nt = dt_get_num_threads();
-    dt_set_num_threads(1);
-    ASSERT_EQ_INT((long long)amx_case(c, 0, y1, g1), 0);
-    dt_set_num_threads(16);
-    ASSERT_EQ_INT((long long)amx_case(c, 0, y8, g8), 0);
-    dt_set_num_threads(nt);
-    ASSERT(!memcmp(y1, y8, (size_t)ny * 4));
-    ASSERT(!memcmp(g1, g8, (size_t)ng * 4));
+    /* then a sliding window: with 16 threads each query block is a task, packing the keys from its own first */
+    const att_case cs[2] = {{2, 40, 3, 64, true, 0.0f}, {2, 100, 3, 64, true, 0.0f}};
+    const int64_t windows[2] = {0, 20};
+    for (int k = 0; k < 2; k++) {
+        const att_case c = cs[k];
+        const int64_t ny = c.B * c.T * c.H * c.D, ng = 3 * ny;
+        float *y1 = malloc((size_t)ny * 4), *g1 = malloc((size_t)ng * 4), *y8 = malloc((size_t)ny * 4),
+              *g8 = malloc((size_t)ng * 4);
+        const int nt = dt_get_num_threads();
+        dt_set_num_threads(1);
+        ASSERT_EQ_INT((long long)amx_case(c, windows[k], y1, g1), 0);
+        dt_set_num_threads(16);
+        ASSERT_EQ_INT((long long)amx_case(c, windows[k], y8, g8), 0);
+        dt_set_num_threads(nt);
+        ASSERT(!memcmp(y1, y8, (size_t)ny * 4));
+        ASSERT(!memcmp(g1, g8, (size_t)ng * 4));
+        free(y1), free(g1), free(y8), free(g8);
+    }
     dt__amx_emul_stats e;
     dt__amx_emul_stats_get(&e);
     ASSERT_EQ_INT((long long)e.live, 0);
-    free(y1), free(g1), free(y8), free(g8);
 }
 
 /* A non-finite q, k, v or dy: the task runs the rows instead (0 x inf in
