@@ -311,10 +311,6 @@ static dt_status ulysses_args(const char *fn, dt_pg *cp, const dt_cp_layout *l, 
     return st;
 }
 
-/* The rank's heads' attention over the whole sequence (after the exchange): the blocked kernel, or with a
- * sliding window shorter than T or a soft cap (causal) the window kernel */
-static bool windowed(int64_t T, int64_t window, float cap) { return cap > 0.0f || (window > 0 && window < T); }
-
 /* before any exchange: a bad window or cap fails every rank alike, none waiting */
 static dt_status mask_args(const char *fn, int64_t window, float cap)
 {
@@ -342,8 +338,8 @@ static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = heads_exchange(cp, l, (float *)qkv, B, 3, H, D, qg, false);
     if (st >= 0)
-        st = windowed(T, window, cap) ? dt_k_attention_window_fwd(qg, B, T, Hp, D, window, cap, yg, lg)
-                                      : dt_k_attention_fwd(qg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, yg, lg);
+        st = causal ? dt_k_attention_window_fwd(qg, B, T, Hp, D, window, cap, yg, lg) /* it chooses the kernel */
+                    : dt_k_attention_fwd(qg, B, T, Hp, D, false, 0.0f, (dt_rng_key){{0, 0}, 0}, yg, lg);
     if (st >= 0)
         st = heads_exchange(cp, l, y, B, 1, H, D, yg, true);
     if (st >= 0)
@@ -380,9 +376,8 @@ static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = lse_exchange(cp, l, (float *)lse, B, H, lg, false);
     if (st >= 0)
-        st = windowed(T, window, cap)
-                 ? dt_k_attention_window_bwd(qg, yg, lg, dg, B, T, Hp, D, window, cap, dq)
-                 : dt_k_attention_bwd(qg, yg, lg, dg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, dq);
+        st = causal ? dt_k_attention_window_bwd(qg, yg, lg, dg, B, T, Hp, D, window, cap, dq)
+                    : dt_k_attention_bwd(qg, yg, lg, dg, B, T, Hp, D, false, 0.0f, (dt_rng_key){{0, 0}, 0}, dq);
     if (st >= 0)
         st = heads_exchange(cp, l, dqkv, B, 3, H, D, dq, true);
     free(qg);
