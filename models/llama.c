@@ -45,9 +45,8 @@
  * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
  * rows of the whole [B, T] ids, RoPE rotates them at their global
  * positions (dt_rope_at), attention is dt_cp_attention_window over the
- * packed q | k | v (GQA's kv heads repeated first; a sliding window
- * shorter than the sequence or a soft cap under Ulysses only), the rest
- * runs on the rows.
+ * packed q | k | v (GQA's kv heads repeated first; the layer's sliding
+ * window; a soft cap under Ulysses only), the rest runs on the rows.
  *
  * OLMo 2 (dt_llama_config.olmo2; transformers' Olmo2ForCausalLM): no
  * norm before attention and MLP; each output normalized before its
@@ -808,7 +807,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
                         "(max_position_embeddings)", (long long)T, (long long)max_len(lc));
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
-    /* the sliding layers' window and the scores' cap: Ulysses' attention has them, the ring's not */
+    /* the sliding layers' window (both attentions) and the scores' cap (Ulysses' only) */
     if (cp && ((st = dt_cp_check_window(&c.cp, T, windowed(lc) ? lc->sliding_window : 0,
                                         (float)lc->attn_logit_softcapping)) < 0 ||
                (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0))

@@ -54,8 +54,11 @@
 #define PART_DMAX 256
 
 static dt_status part_args(const char *fn, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, int64_t ldq,
-                           int64_t ldk, int64_t ldv, int64_t ldy)
+                           int64_t ldk, int64_t ldv, int64_t ldy, bool causal, int64_t window)
 {
+    if (window < 0 || (window > 0 && !causal))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: sliding window %lld must be >= 0, and > 0 only with the causal mask", fn,
+                        (long long)window);
     DT__CHECK_N(fn, B);
     DT__CHECK_N(fn, Tq);
     DT__CHECK_N(fn, Tk);
@@ -72,13 +75,20 @@ static dt_status part_args(const char *fn, int64_t B, int64_t Tq, int64_t Tk, in
     return DT_OK;
 }
 
-/* The visible keys of row i: [0, n) with n = min(Tk, qpos + i - kpos0 + 1) when causal. */
+/* The visible keys of the row at position qpos: [first_key, visible), visible = min(Tk, qpos - kpos0 + 1) when
+ * causal, first_key = qpos - kpos0 - window + 1 under a sliding window (> 0; causal), clamped to [0, Tk]. */
 static inline int64_t visible(bool causal, int64_t qpos, int64_t kpos0, int64_t Tk)
 {
     if (!causal)
         return Tk;
     int64_t n = qpos - kpos0 + 1;
     return n < 0 ? 0 : n > Tk ? Tk : n;
+}
+
+static inline int64_t first_key(int64_t window, int64_t qpos, int64_t kpos0, int64_t Tk)
+{
+    const int64_t f = window > 0 ? qpos - kpos0 - window + 1 : 0;
+    return f < 0 ? 0 : f > Tk ? Tk : f;
 }
 
 #define PBQ 16               /* query rows per forward block */
@@ -91,7 +101,7 @@ static inline int64_t visible(bool causal, int64_t qpos, int64_t kpos0, int64_t 
  * merge into the running (y, lse). */
 DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, int64_t ldT, const float *vw,
                                     int64_t nq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
-                                    float scale, float *y, int64_t ldy, float *lse)
+                                    int64_t window, float scale, float *y, int64_t ldy, float *lse)
 {
     float m[PBQ], l[PBQ], s[BK];
     float acc[PBQ][PART_DMAX];
@@ -101,24 +111,29 @@ DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, i
         memset(acc[r], 0, (size_t)D * sizeof(float));
     }
     const int64_t kend = visible(causal, qpos0 + nq - 1, kpos0, Tk); /* the last row sees the most */
-    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+    for (int64_t j0 = first_key(window, qpos0, kpos0, Tk) / BK * BK; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
         for (int64_t r = 0; r < nq; r++) {
             int64_t n = visible(causal, qpos0 + r, kpos0, Tk), je = n < j1 ? n : j1;
-            if (je <= j0)
+            int64_t js = first_key(window, qpos0 + r, kpos0, Tk);
+            js = js > j0 ? js : j0; /* the row's keys of the block: [js, je) */
+            if (je <= js)
                 continue;
-            row_dots(vec, qt + r * D, kT + j0, ldT, D, je - j0, s);
-            float mx = m[r];
-            for (int64_t j = 0; j < je - j0; j++) {
-                s[j] *= scale;
-                mx = s[j] > mx ? s[j] : mx;
+            /* the scores from ja, js rounded down to row_dots' 8-key steps (each column's sum is its own: the same
+               bits from any start) */
+            const int64_t ja = j0 + ((js - j0) & ~(int64_t)7), ns = je - js;
+            row_dots(vec, qt + r * D, kT + ja, ldT, D, je - ja, s);
+            float *sr = s + (js - ja), mx = m[r];
+            for (int64_t j = 0; j < ns; j++) {
+                sr[j] *= scale;
+                mx = sr[j] > mx ? sr[j] : mx;
             }
             float corr = expf(m[r] - mx); /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
             for (int64_t d = 0; d < D; d++)
                 a[d] *= corr;
-            float sum = att_exp_sum(vec, s, je - j0, mx);
-            rows_acc(vec, a, s, 1, vw + j0 * D, D, je - j0, D);
+            float sum = att_exp_sum(vec, sr, ns, mx);
+            rows_acc(vec, a, sr, 1, vw + js * D, D, ns, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
@@ -149,10 +164,10 @@ DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, i
  * floats), then part_fwd_rows runs on those tiles. */
 static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                           int64_t ldv, int64_t ia, int64_t iz, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0,
-                          bool causal, float scale, float *w, float *y, int64_t ldy, float *lse)
+                          bool causal, int64_t window, float scale, float *w, float *y, int64_t ldy, float *lse)
 {
     const int64_t nkv = visible(causal, qpos0 + iz - 1, kpos0, Tk), ldT = dt__att_key_stride(nkv);
-    if (nkv == 0)
+    if (nkv == 0 || first_key(window, qpos0 + ia, kpos0, Tk) >= nkv)
         return; /* no row of the task sees a key */
     float *qt = w, *kT = qt + PBQ * D, *vw = kT + D * ldT;
     for (int64_t j = 0; j < nkv; j++) {
@@ -167,7 +182,8 @@ static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, 
         const int64_t nq = i0 + PBQ < iz ? PBQ : iz - i0;
         for (int64_t r = 0; r < nq; r++)
             memcpy(qt + r * D, q + (i0 + r) * ldq, (size_t)D * sizeof(float));
-        part_fwd_rows(vec, qt, kT, ldT, vw, nq, Tk, D, qpos0 + i0, kpos0, causal, scale, y + i0 * ldy, ldy, lse + i0);
+        part_fwd_rows(vec, qt, kT, ldT, vw, nq, Tk, D, qpos0 + i0, kpos0, causal, window, scale, y + i0 * ldy, ldy,
+                      lse + i0);
     }
 }
 
@@ -180,11 +196,11 @@ static size_t part_fwd_scratch(int64_t Tk, int64_t D)
 
 dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                   int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
-                                  int64_t qpos0, int64_t kpos0, bool causal, float *y, int64_t ldy, float *lse,
-                                  int64_t ldlse)
+                                  int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float *y, int64_t ldy,
+                                  float *lse, int64_t ldlse)
 {
     const char *fn = "dt_k_attention_part_fwd";
-    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy);
+    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window);
     if (st < 0)
         return st;
     if (ldlse < Tq)
@@ -195,8 +211,8 @@ dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, i
     DT__CHECK_PTR(fn, v, B * Tk);
     DT__CHECK_PTR(fn, y, B * Tq);
     DT__CHECK_PTR(fn, lse, B * Tq);
-    if (B == 0 || Tq == 0 || Tk == 0 || (causal && kpos0 > qpos0 + Tq - 1))
-        return DT_OK; /* nothing visible: every key after every query */
+    if (B == 0 || Tq == 0 || Tk == 0 || (causal && kpos0 > qpos0 + Tq - 1) || first_key(window, qpos0, kpos0, Tk) >= Tk)
+        return DT_OK; /* nothing visible: every key after every query, or before every row's window */
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t nqb = (Tq + PBQ - 1) / PBQ;
     int nt = dt__threads_for(B * Tq * Tk * H * D);
@@ -217,7 +233,7 @@ dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, i
             int64_t ia = q0 * PBQ, iz = q1 * PBQ < Tq ? q1 * PBQ : Tq;
             if (w)
                 part_fwd_task(vec, q + b * Tq * ldq + h * D, ldq, k + b * Tk * ldk + h * D, ldk,
-                              v + b * Tk * ldv + h * D, ldv, ia, iz, Tk, D, qpos0, kpos0, causal, scale, w,
+                              v + b * Tk * ldv + h * D, ldv, ia, iz, Tk, D, qpos0, kpos0, causal, window, scale, w,
                               y + b * Tq * ldy + h * D, ldy, lse + bh * ldlse);
         }
         dt_free(w);
@@ -240,8 +256,8 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
                                     int64_t ldk, const float *restrict v, int64_t ldv, const float *restrict y,
                                     int64_t ldy, const float *restrict lse, const float *restrict dy, int64_t lddy,
                                     int64_t Tq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
-                                    float scale, float *w, float *restrict dq, int64_t lddq, float *restrict dk,
-                                    int64_t lddk, float *restrict dv, int64_t lddv)
+                                    int64_t window, float scale, float *w, float *restrict dq, int64_t lddq,
+                                    float *restrict dk, int64_t lddk, float *restrict dv, int64_t lddv)
 {
     float *kt = w, *vt = kt + PART_DMAX * BK, *pdm = vt + PART_DMAX * BK, *dsm = pdm + Tq * BK;
     float *qw = dsm + Tq * BK, *gw = qw + Tq * D, *kw = gw + Tq * D, *dim = kw + Tk * D;
@@ -255,25 +271,35 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
         memcpy(kw + j * D, k + j * ldk, (size_t)D * sizeof(float));
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t j1 = j0 + BK < Tk ? j0 + BK : Tk;
-        /* the first row that sees key j0 (every row without the mask) */
-        int64_t i0 = causal ? kpos0 + j0 - qpos0 : 0;
+        /* the rows [i0, iend) see a key of the block: from the first that sees key j0 (every row without the
+           mask) to the last that sees key j1 - 1 under a window */
+        int64_t i0 = causal ? kpos0 + j0 - qpos0 : 0, iend = kpos0 + j1 - 1 + window - qpos0;
         i0 = i0 < 0 ? 0 : i0;
+        iend = window > 0 && iend < Tq ? iend : Tq;
         if (i0 >= Tq)
             break; /* later keys are later still */
+        if (iend <= i0)
+            continue; /* before every row's window */
         block_t(kw + j0 * D, D, j1 - j0, D, kt);
         block_t(v + j0 * ldv, ldv, j1 - j0, D, vt);
-        for (int64_t i = i0; i < Tq; i++) {
-            int64_t n = visible(causal, qpos0 + i, kpos0, Tk), je = n < j1 ? n : j1, ne = je - j0;
-            float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
+        for (int64_t i = i0; i < iend; i++) {
+            int64_t n = visible(causal, qpos0 + i, kpos0, Tk), je = n < j1 ? n : j1;
+            int64_t js = first_key(window, qpos0 + i, kpos0, Tk);
+            js = js > j0 ? js : j0; /* the row's keys of the block: [js, je), at their columns js - j0 */
+            if (je <= js)
+                continue;
+            /* from ja, js rounded down to row_dots' 8-key steps (the same bits from any start) */
+            const int64_t ja = j0 + ((js - j0) & ~(int64_t)7), ne = je - js;
+            float *pd = pdm + (i - i0) * BK + (js - j0), *ds = dsm + (i - i0) * BK + (js - j0);
             float L = lse[i], Di = dim[i];
-            row_dots(vec, qw + i * D, kt, BK, D, ne, sc);
-            row_dots(vec, gw + i * D, vt, BK, D, ne, dp);
-            att_probs(vec, sc, ne, scale, L, pd);
+            row_dots(vec, qw + i * D, kt + (ja - j0), BK, D, je - ja, sc);
+            row_dots(vec, gw + i * D, vt + (ja - j0), BK, D, je - ja, dp);
+            att_probs(vec, sc + (js - ja), ne, scale, L, pd);
             for (int64_t jj = 0; jj < ne; jj++)
-                ds[jj] = pd[jj] * (dp[jj] - Di) * scale;
-            rows_acc(vec, dq + i * lddq, ds, 1, kw + j0 * D, D, ne, D);
+                ds[jj] = pd[jj] * (dp[js - ja + jj] - Di) * scale;
+            rows_acc(vec, dq + i * lddq, ds, 1, kw + js * D, D, ne, D);
         }
-        dkdv_keys(vec, dk, lddk, dv, lddv, dsm, pdm, qw, D, gw, D, Tq, i0, j0, j1, causal, kpos0 - qpos0, 0, D);
+        dkdv_keys(vec, dk, lddk, dv, lddv, dsm, pdm, qw, D, gw, D, Tq, i0, j0, j1, causal, kpos0 - qpos0, window, D);
     }
 }
 
@@ -287,11 +313,11 @@ static size_t part_bwd_scratch(int64_t Tq, int64_t Tk, int64_t D)
 dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                   int64_t ldv, const float *y, int64_t ldy, const float *lse, int64_t ldlse,
                                   const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                                  int64_t D, int64_t qpos0, int64_t kpos0, bool causal, float *dq, int64_t lddq,
-                                  float *dk, int64_t lddk, float *dv, int64_t lddv)
+                                  int64_t D, int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float *dq,
+                                  int64_t lddq, float *dk, int64_t lddk, float *dv, int64_t lddv)
 {
     const char *fn = "dt_k_attention_part_bwd";
-    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy);
+    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window);
     if (st < 0)
         return st;
     int64_t C = H * D;
@@ -309,7 +335,7 @@ dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, i
     DT__CHECK_PTR(fn, dq, B * Tq);
     DT__CHECK_PTR(fn, dk, B * Tk);
     DT__CHECK_PTR(fn, dv, B * Tk);
-    if (B == 0 || Tq == 0 || Tk == 0 || (causal && kpos0 > qpos0 + Tq - 1))
+    if (B == 0 || Tq == 0 || Tk == 0 || (causal && kpos0 > qpos0 + Tq - 1) || first_key(window, qpos0, kpos0, Tk) >= Tk)
         return DT_OK;
     const float scale = 1.0f / sqrtf((float)D);
     int nt = dt__threads_for(2 * B * Tq * Tk * H * D);
@@ -329,8 +355,8 @@ dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, i
             if (kt)
                 part_bwd_head(vec, q + b * Tq * ldq + o, ldq, k + b * Tk * ldk + o, ldk, v + b * Tk * ldv + o, ldv,
                               y + b * Tq * ldy + o, ldy, lse + bh * ldlse, dy + b * Tq * lddy + o, lddy, Tq, Tk, D,
-                              qpos0, kpos0, causal, scale, kt, dq + b * Tq * lddq + o, lddq, dk + b * Tk * lddk + o,
-                              lddk, dv + b * Tk * lddv + o, lddv);
+                              qpos0, kpos0, causal, window, scale, kt, dq + b * Tq * lddq + o, lddq,
+                              dk + b * Tk * lddk + o, lddk, dv + b * Tk * lddv + o, lddv);
         }
         dt_free(kt);
     }

@@ -250,8 +250,9 @@ static void cp_matches_one(const char *name, const char *seq, const char *impl)
  * sliding-window attention: eval of tokens.bin's five 32-token windows gives transformers 5.25's mean loss of them
  * (computed once by hand, AutoModelForCausalLM, torch 2.15, CPU: 4.86210794 and 5.39986715); the default --seq is
  * the window; --save-hf keeps it; --cp 2 with a sequence longer than the window gives one process's losses under
- * Ulysses' attention (the whole sequence of each rank's heads through the window kernel) and is refused under the
- * ring's, exit 2 naming the window and the fix. It was refused whole, then longer sequences were, then --cp was. */
+ * ring attention (the key blocks before each row's window skipped, those across its edge masked) and under
+ * Ulysses' (the whole sequence of each rank's heads through the window kernel). It was refused whole, then longer
+ * sequences were, then --cp was. */
 TEST(mistral_sliding_window)
 {
     cli_result r;
@@ -282,14 +283,7 @@ TEST(mistral_sliding_window)
     text[fread(text, 1, sizeof text - 1, f)] = 0;
     fclose(f);
     ASSERT_STR_CONTAINS(text, "\"sliding_window\":\t16");
-    char *const base[] = {"train", "--model", "hf:" HF "mistral", "--data", "tokens:" HF "tokens.bin", "--no-eval",
-                          "--seq", "32", "--batch", "2", "--max-steps", "1", "--threads", "1", "--progress", "none",
-                          "--cp", "2", NULL};
-    char *const *l[] = {base};
-    cli_run_ranks(&r, 120, NULL, 2, 1, l);
-    ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "not a sliding window (sliding_window 16) shorter than the sequence (32 tokens)");
-    ASSERT_STR_CONTAINS(r.err, "--cp-impl ulysses");
+    cp_matches_one("mistral", "32", "ring");
     cp_matches_one("mistral", "32", "ulysses");
 }
 
@@ -470,7 +464,7 @@ TEST(gemma2_save_hf_tp_and_pp)
  * as rope_local_base_freq), the full layers' linear scaling, the window and the layers' kinds, and evaluates to the
  * run's own loss; --tp 2 (the head norms replicated, their gradients summed) and --pp 2 give one process's losses,
  * and so does --cp 2 at 8 tokens (the window: each rank rotates its 4 rows at their global positions with its
- * layer's base), and at 16 under Ulysses (past the window). */
+ * layer's base), and at 16 (past the window) under both attentions. */
 TEST(gemma3_save_hf_tp_pp_and_cp)
 {
     save_hf_and_parallel("gemma3",
@@ -482,6 +476,7 @@ TEST(gemma3_save_hf_tp_pp_and_cp)
                                                "\"hidden_activation\":\t\"gelu_pytorch_tanh\"", NULL},
                          true, true);
     cp_matches_one("gemma3", "8", "ring");
+    cp_matches_one("gemma3", "16", "ring");
     cp_matches_one("gemma3", "16", "ulysses");
 }
 

@@ -95,11 +95,22 @@ static dt_status ring_wait(dt_req **rq)
     return st;
 }
 
-dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
-                              bool causal, float *y, float *lse)
+/* before any exchange: a bad mask fails every rank alike, none waiting */
+static dt_status mask_args(const char *fn, bool causal, int64_t window, float cap)
 {
-    const char *fn = "dt_cp_attention_fwd";
+    if (window < 0 || !(cap >= 0.0f) || !isfinite(cap) || (!causal && (window > 0 || cap > 0.0f)))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: sliding window %lld must be >= 0 and soft cap %g finite and >= 0, "
+                        "either only with the causal mask", fn, (long long)window, (double)cap);
+    return DT_OK;
+}
+
+/* the ring's forward; window > 0 (causal): a sliding window, the blocks before every row's window skipped */
+static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                          int64_t D, bool causal, int64_t window, float *y, float *lse)
+{
     dt_status st = cp_args(fn, cp, l, B, H, D);
+    if (st >= 0)
+        st = mask_args(fn, causal, window, 0.0f);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -128,7 +139,7 @@ dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv
                 for (int c = 0; c < src.nchunks && st >= 0; c++) {
                     const float *k = cur + (b * Tl + c * ch) * 2 * C;
                     st = dt_k_attention_part_fwd(qkv + (b * Tl + a * ch) * 3 * C, 3 * C, k, 2 * C, k + C, 2 * C, 1,
-                                                 ch, ch, H, D, l->start[a], src.start[c], causal,
+                                                 ch, ch, H, D, l->start[a], src.start[c], causal, window,
                                                  y + (b * Tl + a * ch) * C, C, lse + b * H * Tl + a * ch, Tl);
                 }
         if (rq[0] || rq[1]) {
@@ -144,11 +155,14 @@ dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv
     return st;
 }
 
-dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
-                              const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
+/* the ring's backward, window as ring_fwd's */
+static dt_status ring_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                          const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
+                          int64_t window, float *dqkv)
 {
-    const char *fn = "dt_cp_attention_bwd";
     dt_status st = cp_args(fn, cp, l, B, H, D);
+    if (st >= 0)
+        st = mask_args(fn, causal, window, 0.0f);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -178,8 +192,8 @@ dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv
                     float *dk = cur + nkv + ko * 2 * C;
                     st = dt_k_attention_part_bwd(qkv + qo * 3 * C, 3 * C, k, 2 * C, k + C, 2 * C, y + qo * C, C,
                                                  lse + b * H * Tl + a * ch, Tl, dy + qo * C, C, 1, ch, ch, H, D,
-                                                 l->start[a], src.start[c], causal, dqkv + qo * 3 * C, 3 * C, dk,
-                                                 2 * C, dk + C, 2 * C);
+                                                 l->start[a], src.start[c], causal, window, dqkv + qo * 3 * C, 3 * C,
+                                                 dk, 2 * C, dk + C, 2 * C);
                 }
         if (st >= 0 && P > 1) {
             /* pass the block and its accumulator on; after the last step only
@@ -311,21 +325,13 @@ static dt_status ulysses_args(const char *fn, dt_pg *cp, const dt_cp_layout *l, 
     return st;
 }
 
-/* before any exchange: a bad window or cap fails every rank alike, none waiting */
-static dt_status mask_args(const char *fn, int64_t window, float cap)
-{
-    if (window < 0 || !(cap >= 0.0f) || !isfinite(cap))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: sliding window %lld must be >= 0 and soft cap %g finite and >= 0", fn,
-                        (long long)window, (double)cap);
-    return DT_OK;
-}
 
 static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
                              int64_t D, bool causal, int64_t window, float cap, float *y, float *lse)
 {
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
     if (st >= 0)
-        st = mask_args(fn, window, cap);
+        st = mask_args(fn, causal, window, cap);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -356,7 +362,7 @@ static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
 {
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
     if (st >= 0)
-        st = mask_args(fn, window, cap);
+        st = mask_args(fn, causal, window, cap);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -412,4 +418,29 @@ dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float
                                    float cap, float *dqkv)
 {
     return ulysses_bwd("dt_cp_ulysses_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, dqkv);
+}
+
+dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                              bool causal, float *y, float *lse)
+{
+    return ring_fwd("dt_cp_attention_fwd", cp, l, qkv, B, H, D, causal, 0, y, lse);
+}
+
+dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                              const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
+{
+    return ring_bwd("dt_cp_attention_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, dqkv);
+}
+
+dt_status dt_cp_attention_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                                     int64_t D, int64_t window, float *y, float *lse)
+{
+    return ring_fwd("dt_cp_attention_window_fwd", cp, l, qkv, B, H, D, true, window, y, lse);
+}
+
+dt_status dt_cp_attention_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                     const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t window,
+                                     float *dqkv)
+{
+    return ring_bwd("dt_cp_attention_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, dqkv);
 }

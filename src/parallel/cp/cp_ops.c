@@ -75,16 +75,12 @@ dt_status dt_cp_check_window(const dt_cp_params *p, int64_t T, int64_t window, f
     if (window < 0 || !(cap >= 0.0f) || !isfinite(cap))
         return dt_error(DT_ERR_INVALID_ARG, "context parallelism: sliding window %lld must be >= 0 and soft cap %g "
                         "finite and >= 0", (long long)window, (double)cap);
-    if (p->impl == DT_CP_ULYSSES || (cap == 0.0f && (window == 0 || window >= T)))
+    (void)T; /* the ring takes any window, Ulysses any window and cap */
+    if (p->impl == DT_CP_ULYSSES || cap == 0.0f)
         return DT_OK;
-    if (cap != 0.0f)
-        return dt_error(DT_ERR_UNSUPPORTED, "context parallelism: ring attention has no soft cap of the scores (cap "
-                        "%g, as Gemma 2's attn_logit_softcapping): use DeepSpeed-Ulysses' attention (--cp-impl "
-                        "ulysses; dt_cp_params.impl DT_CP_ULYSSES)", (double)cap);
-    return dt_error(DT_ERR_UNSUPPORTED, "context parallelism: ring attention sees every earlier position, not a sliding "
-                    "window (sliding_window %lld) shorter than the sequence (%lld tokens): use DeepSpeed-Ulysses' "
-                    "attention (--cp-impl ulysses; dt_cp_params.impl DT_CP_ULYSSES) or --seq %lld or less",
-                    (long long)window, (long long)T, (long long)window);
+    return dt_error(DT_ERR_UNSUPPORTED, "context parallelism: ring attention has no soft cap of the scores (cap %g, as "
+                    "Gemma 2's attn_logit_softcapping): use DeepSpeed-Ulysses' attention (--cp-impl ulysses; "
+                    "dt_cp_params.impl DT_CP_ULYSSES)", (double)cap);
 }
 
 dt_status dt_cp_layout_of(const dt_cp_params *p, int64_t T, dt_cp_layout *out)
@@ -144,13 +140,14 @@ static dt_status attn_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor
     const attn_saved *a = ud;
     if (!gin[0]) /* still collective: every rank runs the same exchanges */
         return dt_error(DT_ERR_STATE, "context-parallel attention backward: the input needs no gradient");
-    dt_status st = a->impl != DT_CP_ULYSSES
-                       ? dt_cp_attention_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
-                                             a->causal, gin[0]->data)
-                   : a->causal ? dt_cp_ulysses_window_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H,
-                                                          a->D, a->window, a->cap, gin[0]->data)
-                               : dt_cp_ulysses_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
-                                                   false, gin[0]->data);
+    const bool u = a->impl == DT_CP_ULYSSES;
+    dt_status st = !a->causal ? (u ? dt_cp_ulysses_bwd : dt_cp_attention_bwd)(a->cp, &a->l, a->qkv, a->y, a->lse,
+                                                                               gout->data, a->B, a->H, a->D, false,
+                                                                               gin[0]->data)
+                   : u ? dt_cp_ulysses_window_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
+                                                  a->window, a->cap, gin[0]->data)
+                       : dt_cp_attention_window_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
+                                                    a->window, gin[0]->data);
     return st < 0 ? dt_error_wrap(st, "context-parallel attention backward") : DT_OK;
 }
 
@@ -200,10 +197,11 @@ static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *
     if (!a->lse)
         return NULL;
     a->qkv = c->data, a->y = y->data;
-    st = p->impl != DT_CP_ULYSSES ? dt_cp_attention_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, causal, y->data,
-                                                        a->lse)
-         : causal ? dt_cp_ulysses_window_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, window, cap, y->data, a->lse)
-                  : dt_cp_ulysses_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, false, y->data, a->lse);
+    const bool u = p->impl == DT_CP_ULYSSES;
+    st = !causal ? (u ? dt_cp_ulysses_fwd : dt_cp_attention_fwd)(p->group, &a->l, c->data, a->B, a->H, a->D, false,
+                                                                 y->data, a->lse)
+         : u ? dt_cp_ulysses_window_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, window, cap, y->data, a->lse)
+             : dt_cp_attention_window_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, window, y->data, a->lse);
     if (st < 0) {
         dt_error_wrap(st, "context-parallel attention (%s, cp %d)", dt_cp_impl_name(p->impl), P);
         return NULL;
