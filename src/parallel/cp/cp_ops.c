@@ -21,12 +21,60 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const k_impl_names[DT_CP_IMPL_COUNT] = {"ring", "ulysses"};
-_Static_assert(DT_CP_IMPL_COUNT == 2, "one name per dt_cp_impl");
+/* The attentions over the group, one row per dt_cp_impl: with causal, a sliding window (0 none) and, where
+ * softcap, a soft cap of the scores (0 none) */
+typedef struct {
+    const char *name;
+    bool by_heads; /* the heads (of this rank) are divided over the group */
+    bool softcap;
+    dt_status (*fwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                     bool causal, int64_t window, float cap, float *y, float *lse);
+    dt_status (*bwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                     const float *dy, int64_t B, int64_t H, int64_t D, bool causal, int64_t window, float cap,
+                     float *dqkv);
+} cp_impl_ops;
+
+static dt_status ring_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                          bool causal, int64_t window, float cap, float *y, float *lse)
+{
+    (void)cap; /* none: dt_cp_check_window */
+    return causal ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, window, y, lse)
+                  : dt_cp_attention_fwd(cp, l, qkv, B, H, D, false, y, lse);
+}
+
+static dt_status ring_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                          const float *dy, int64_t B, int64_t H, int64_t D, bool causal, int64_t window, float cap,
+                          float *dqkv)
+{
+    (void)cap;
+    return causal ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, window, dqkv)
+                  : dt_cp_attention_bwd(cp, l, qkv, y, lse, dy, B, H, D, false, dqkv);
+}
+
+static dt_status ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                             bool causal, int64_t window, float cap, float *y, float *lse)
+{
+    return causal ? dt_cp_ulysses_window_fwd(cp, l, qkv, B, H, D, window, cap, y, lse)
+                  : dt_cp_ulysses_fwd(cp, l, qkv, B, H, D, false, y, lse);
+}
+
+static dt_status ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                             const float *dy, int64_t B, int64_t H, int64_t D, bool causal, int64_t window, float cap,
+                             float *dqkv)
+{
+    return causal ? dt_cp_ulysses_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, window, cap, dqkv)
+                  : dt_cp_ulysses_bwd(cp, l, qkv, y, lse, dy, B, H, D, false, dqkv);
+}
+
+static const cp_impl_ops k_impl[DT_CP_IMPL_COUNT] = {
+    [DT_CP_RING] = {"ring", false, false, ring_fwd, ring_bwd},
+    [DT_CP_ULYSSES] = {"ulysses", true, true, ulysses_fwd, ulysses_bwd},
+};
+_Static_assert(DT_CP_IMPL_COUNT == 2, "one row per dt_cp_impl");
 
 const char *dt_cp_impl_name(dt_cp_impl impl)
 {
-    return (unsigned)impl < DT_CP_IMPL_COUNT ? k_impl_names[impl] : "?";
+    return (unsigned)impl < DT_CP_IMPL_COUNT ? k_impl[impl].name : "?";
 }
 
 dt_status dt_cp_impl_parse(const char *s, dt_cp_impl *out)
@@ -34,7 +82,7 @@ dt_status dt_cp_impl_parse(const char *s, dt_cp_impl *out)
     if (!s || !out)
         return dt_error(DT_ERR_NULL, "dt_cp_impl_parse: NULL argument");
     for (int i = 0; i < DT_CP_IMPL_COUNT; i++)
-        if (!strcmp(s, k_impl_names[i])) {
+        if (!strcmp(s, k_impl[i].name)) {
             *out = (dt_cp_impl)i;
             return DT_OK;
         }
@@ -61,7 +109,7 @@ dt_status dt_cp_check(const dt_cp_params *p, int64_t T, int64_t n_head)
                         "%d%s); choose a length divisible by %lld%s", (long long)T, (long long)parts, P,
                         p->balance ? " x 2 chunks a rank for the causal load balance" : "", (long long)parts,
                         p->balance ? " or turn the balance off" : "");
-    if (p->impl == DT_CP_ULYSSES && (n_head < 1 || n_head % P))
+    if (k_impl[p->impl].by_heads && (n_head < 1 || n_head % P))
         return dt_error(DT_ERR_INVALID_ARG, "context parallelism: Ulysses attention needs the heads (%lld on this "
                         "rank) divisible by cp %d (each rank takes heads/cp of them); use ring attention or another "
                         "degree", (long long)n_head, P);
@@ -75,8 +123,8 @@ dt_status dt_cp_check_window(const dt_cp_params *p, int64_t T, int64_t window, f
     if (window < 0 || !(cap >= 0.0f) || !isfinite(cap))
         return dt_error(DT_ERR_INVALID_ARG, "context parallelism: sliding window %lld must be >= 0 and soft cap %g "
                         "finite and >= 0", (long long)window, (double)cap);
-    (void)T; /* the ring takes any window, Ulysses any window and cap */
-    if (p->impl == DT_CP_ULYSSES || cap == 0.0f)
+    (void)T; /* every attention takes any window */
+    if (cap == 0.0f || ((unsigned)p->impl < DT_CP_IMPL_COUNT && k_impl[p->impl].softcap))
         return DT_OK;
     return dt_error(DT_ERR_UNSUPPORTED, "context parallelism: ring attention has no soft cap of the scores (cap %g, as "
                     "Gemma 2's attn_logit_softcapping): use DeepSpeed-Ulysses' attention (--cp-impl ulysses; "
@@ -127,7 +175,7 @@ typedef struct {
     dt_cp_layout l;
     dt_cp_impl impl;
     bool causal;
-    int64_t window; /* with causal: a sliding window (0 none) and a soft cap (0 none): Ulysses only */
+    int64_t window; /* with causal: a sliding window (0 none) and a soft cap (0 none; Ulysses only) */
     float cap;
     int64_t B, H, D;
     const float *qkv, *y; /* (B, Tl, 3C), (B, Tl, C): arena temporaries */
@@ -140,14 +188,8 @@ static dt_status attn_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor
     const attn_saved *a = ud;
     if (!gin[0]) /* still collective: every rank runs the same exchanges */
         return dt_error(DT_ERR_STATE, "context-parallel attention backward: the input needs no gradient");
-    const bool u = a->impl == DT_CP_ULYSSES;
-    dt_status st = !a->causal ? (u ? dt_cp_ulysses_bwd : dt_cp_attention_bwd)(a->cp, &a->l, a->qkv, a->y, a->lse,
-                                                                               gout->data, a->B, a->H, a->D, false,
-                                                                               gin[0]->data)
-                   : u ? dt_cp_ulysses_window_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
-                                                  a->window, a->cap, gin[0]->data)
-                       : dt_cp_attention_window_bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D,
-                                                    a->window, gin[0]->data);
+    dt_status st = k_impl[a->impl].bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D, a->causal,
+                                       a->window, a->cap, gin[0]->data);
     return st < 0 ? dt_error_wrap(st, "context-parallel attention backward") : DT_OK;
 }
 
@@ -197,11 +239,7 @@ static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *
     if (!a->lse)
         return NULL;
     a->qkv = c->data, a->y = y->data;
-    const bool u = p->impl == DT_CP_ULYSSES;
-    st = !causal ? (u ? dt_cp_ulysses_fwd : dt_cp_attention_fwd)(p->group, &a->l, c->data, a->B, a->H, a->D, false,
-                                                                 y->data, a->lse)
-         : u ? dt_cp_ulysses_window_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, window, cap, y->data, a->lse)
-             : dt_cp_attention_window_fwd(p->group, &a->l, c->data, a->B, a->H, a->D, window, y->data, a->lse);
+    st = k_impl[p->impl].fwd(p->group, &a->l, c->data, a->B, a->H, a->D, causal, window, cap, y->data, a->lse);
     if (st < 0) {
         dt_error_wrap(st, "context-parallel attention (%s, cp %d)", dt_cp_impl_name(p->impl), P);
         return NULL;
