@@ -7,8 +7,13 @@
  *
  * Positions: query row i of the block is at global position qpos0 + i, key
  * j at kpos0 + j. Causal: key j is visible to row i iff kpos0 + j <= qpos0
- * + i. A row with no visible key in the block is left as it was; a block
- * with none at all costs nothing (the rotation's "skipped" steps).
+ * + i; under a sliding window (causal) also iff kpos0 + j > qpos0 + i -
+ * window: a row's keys start at its window (the key blocks before every
+ * row's window are skipped, a row's scores start at its first key inside a
+ * block, and dk/dv end at each key's last row, as the whole-sequence
+ * kernel's window does). A row with no visible key in the block is left as
+ * it was; a block with none at all costs nothing (the rotation's "skipped"
+ * steps).
  *
  * Forward, per (b, h, query row): the block's scores s_j = scale q . k_j
  * over the visible keys give the block's m = max s_j, l = sum exp(s_j - m),
