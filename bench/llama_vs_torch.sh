@@ -18,7 +18,10 @@
 # transformers config.json (bench/configs/gemma3_100m.json: a Gemma 3 of
 # 77M with sliding windows of 512); the peer's python draws its weights into
 # a temporary Hugging Face directory that both sides read (dtrain's
-# --model hf:DIR, the peer's from_pretrained).
+# --model hf:DIR, the peer's from_pretrained). Give such a config no
+# pad_token_id: the bench's random ids hit the padding row, which a fresh
+# init leaves zero, and a zero row through ten layers of Gemma's norms
+# overflows the gradient (1/sqrt(eps) a norm; transformers' too).
 #
 # torch.compile compiles in its warm-up steps (minutes on 2 cores the first
 # time; the inductor cache keeps the kernels for later runs). Set BUILD=dir
