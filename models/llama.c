@@ -807,10 +807,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
                         "(max_position_embeddings)", (long long)T, (long long)max_len(lc));
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
-    /* the sliding layers' window (both attentions) and the scores' cap (Ulysses' only) */
-    if (cp && ((st = dt_cp_check_window(&c.cp, T, windowed(lc) ? lc->sliding_window : 0,
-                                        (float)lc->attn_logit_softcapping)) < 0 ||
-               (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0))
+    if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");
     llama_rt *rt = calloc(1, sizeof *rt);
     const bool lr = lc->rope_type == DT_ROPE_LONGROPE, local = lc->rope_local_theta > 0.0;

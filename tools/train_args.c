@@ -231,8 +231,8 @@ static const opt_def opts[] = {
      "(d x cp + c) x tp + t); not with --pp; f32, no dropout"},
     {"cp-impl", OPT_CHOICE, OFF(cp_impl), 0, 0, "ring|ulysses", "NAME",
      "with --cp: ring attention (default; keys and values go around the group, any head count) or "
-     "DeepSpeed-Ulysses' all-to-all (the heads, after --tp's split, divisible by N; also Gemma 2's soft-capped "
-     "scores, which the ring refuses); both run sliding windows"},
+     "DeepSpeed-Ulysses' all-to-all (the heads, after --tp's split, divisible by N); both run sliding windows and "
+     "Gemma 2's soft-capped scores"},
     {"cp-balance", OPT_CHOICE, OFF(cp_balance), 0, 0, "on|off", "ON",
      "with --cp: the causal load balance (the sequence in 2N chunks, rank r holds chunks r and 2N-1-r; --seq "
      "divisible by 2N); default on for ring, off for ulysses (then --seq divisible by N)"},

@@ -73,14 +73,17 @@ DT_API dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const flo
                                      const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
                                      float *dqkv);
 /* Ring attention, causal, with a sliding window (> 0: query i sees the
- * keys (i - window, i]; 0 none; < 0 DT_ERR_INVALID_ARG before any
- * exchange): the key blocks before every row's window cost nothing (still
- * passed around). Mistral's, Qwen2's, Gemma 3's sliding layers. */
+ * keys (i - window, i]; 0 none) and soft-capped scores (cap > 0: cap tanh(s
+ * / cap) before the softmax; 0 none), as dt_k_attention_window_fwd/bwd
+ * compute them on the whole sequence: the key blocks before every row's
+ * window cost nothing (still passed around). Mistral's, Qwen2's, Gemma 2's
+ * and 3's attention. A window < 0 or a cap < 0 or not finite:
+ * DT_ERR_INVALID_ARG before any exchange. */
 DT_API dt_status dt_cp_attention_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
-                                            int64_t D, int64_t window, float *y, float *lse);
+                                            int64_t D, int64_t window, float cap, float *y, float *lse);
 DT_API dt_status dt_cp_attention_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                             const float *lse, const float *dy, int64_t B, int64_t H, int64_t D,
-                                            int64_t window, float *dqkv);
+                                            int64_t window, float cap, float *dqkv);
 
 /* DeepSpeed-Ulysses' variant, the same contract: one all-to-all turns the
  * rank's rows of every head into the whole sequence of H/P heads, attention
@@ -95,13 +98,9 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float
 DT_API dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                    const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
                                    float *dqkv);
-/* Ulysses' causal attention with a sliding window (> 0: query i sees the
- * keys (i - window, i]; 0 none) and soft-capped scores (cap > 0: cap tanh(s
- * / cap) before the softmax; 0 none), as dt_k_attention_window_fwd/bwd
- * compute them on the whole sequence of the rank's heads (Mistral's,
- * Gemma 2's and 3's attention). A window < 0 or a cap < 0 or not finite:
- * DT_ERR_INVALID_ARG before any exchange. Ring attention has the window,
- * not the cap. */
+/* Ulysses' causal attention with a sliding window and soft-capped scores,
+ * as dt_cp_attention_window_fwd/bwd take them, computed by
+ * dt_k_attention_window_fwd/bwd on the whole sequence of the rank's heads. */
 DT_API dt_status dt_cp_ulysses_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
                                           int64_t D, int64_t window, float cap, float *y, float *lse);
 DT_API dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
@@ -145,12 +144,6 @@ DT_API dt_cp_params dt_cp_params_default(void);
  * balanced), heads a multiple of cp for Ulysses. DT_ERR_INVALID_ARG naming
  * the numbers and the fix; DT_OK without a group. */
 DT_API dt_status dt_cp_check(const dt_cp_params *p, int64_t T, int64_t n_head);
-/* Whether causal attention over T positions with a sliding window (> 0;
- * 0 none) and a soft cap of the scores (> 0; 0 none) runs under p: Ulysses
- * takes both, ring attention the window but not the cap
- * (DT_ERR_UNSUPPORTED naming the fix); a window < 0 or a cap < 0 or not
- * finite DT_ERR_INVALID_ARG; DT_OK without a group. */
-DT_API dt_status dt_cp_check_window(const dt_cp_params *p, int64_t T, int64_t window, float cap);
 /* This rank's layout of T positions under p (dt_cp_layout_make). */
 DT_API dt_status dt_cp_layout_of(const dt_cp_params *p, int64_t T, dt_cp_layout *out);
 /* The rank's rows of x [B, T, ...] (dim 1 the sequence, T = l->T), in the
@@ -166,9 +159,8 @@ DT_API dt_tensor *dt_cp_local_rows(dt_ctx *ctx, const dt_cp_layout *l, dt_tensor
 DT_API dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal);
 /* dt_cp_attention's causal attention with dt_attention_window's sliding
  * window (> 0: query i sees the keys (i - window, i]; 0 or >= T: every
- * earlier one) and soft cap of the scores (> 0; 0 none): Ulysses runs both
- * (dt_cp_ulysses_window_fwd), ring attention the window
- * (dt_cp_attention_window_fwd) and refuses a cap (dt_cp_check_window). */
+ * earlier one) and soft cap of the scores (> 0; 0 none), under either
+ * attention (dt_cp_attention_window_fwd, dt_cp_ulysses_window_fwd). */
 DT_API dt_tensor *dt_cp_attention_window(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head,
                                          int64_t window, float softcap);
 /* The whole sequence's mean loss from this rank's mean `loss` (a scalar f32)

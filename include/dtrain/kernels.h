@@ -788,17 +788,20 @@ DT_API const char *dt_k_attention_lp_tiles(int64_t *min_t);
  * global position qpos0 + i, key j at kpos0 + j; causal: key j is visible
  * to row i iff kpos0 + j <= qpos0 + i, and with a sliding window (> 0;
  * causal only, else DT_ERR_INVALID_ARG; 0 none) also kpos0 + j > qpos0 + i
- * - window (the keys a window hides are never read). y (B, Tq, stride ldy) and lse (B, H,
- * Tq) are the running result: start with lse = -INFINITY (y is then
- * ignored) and add each block; the log-sum-exp rule
+ * - window (the keys a window hides are never read). A soft cap (> 0; 0
+ * none; finite, else DT_ERR_INVALID_ARG) scores with cap tanh(s / cap), as
+ * dt_k_attention_window_fwd does (Gemma 2's attn_logit_softcapping). y (B,
+ * Tq, stride ldy) and lse (B, H, Tq) are the running result: start with lse
+ * = -INFINITY (y is then ignored) and add each block; the log-sum-exp rule
  *     lse' = log(e^lse + e^lse_b),  y' = y e^(lse - lse') + y_b e^(lse_b - lse')
- * makes the end result softmax(q k^T / sqrt(D)) v over all the blocks, in
- * any order. Rows that see no key of the block are left unchanged. No
- * dropout. D <= 256. The scores' exponentials as dt_k_attention_fwd's. */
+ * makes the end result softmax(q k^T / sqrt(D)) v (of the capped scores)
+ * over all the blocks, in any order. Rows that see no key of the block are
+ * left unchanged. No dropout. D <= 256. The scores' exponentials as
+ * dt_k_attention_fwd's. */
 DT_API dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                          int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
-                                         int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float *y,
-                                         int64_t ldy, float *lse, int64_t ldlse);
+                                         int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
+                                         float *y, int64_t ldy, float *lse, int64_t ldlse);
 /* The backward of one block: with the FINAL y and lse (after every block)
  * and dy, ADDS this block's terms into dq (B, Tq), dk and dv (B, Tk) (row
  * strides as named); summed over all the blocks, the gradient of the whole
@@ -806,8 +809,8 @@ DT_API dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const floa
 DT_API dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                          int64_t ldv, const float *y, int64_t ldy, const float *lse, int64_t ldlse,
                                          const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
-                                         int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float *dq,
-                                         int64_t lddq, float *dk, int64_t lddk, float *dv, int64_t lddv);
+                                         int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
+                                         float *dq, int64_t lddq, float *dk, int64_t lddk, float *dv, int64_t lddv);
 
 /* ---- block quantization ------------------------------------------------------------- */
 /* Symmetric block quantization for communication that carries fewer bytes

@@ -13,7 +13,9 @@
  * block, and dk/dv end at each key's last row, as the whole-sequence
  * kernel's window does). A row with no visible key in the block is left as
  * it was; a block with none at all costs nothing (the rotation's "skipped"
- * steps).
+ * steps). A soft cap (> 0; Gemma 2's attn_logit_softcapping) replaces each
+ * score s by c = cap tanh(s / cap) before the softmax, as the whole-sequence
+ * window kernel does (dt__att_cap_row: the same tanh).
  *
  * Forward, per (b, h, query row): the block's scores s_j = scale q . k_j
  * over the visible keys give the block's m = max s_j, l = sum exp(s_j - m),
@@ -26,8 +28,10 @@
  * attention over all of them (up to rounding), whatever the order.
  *
  * Backward, with the FINAL y and lse (those over all blocks): P_ij =
- * exp(s_ij - lse_i) are the true probabilities, Di = dy_i . y_i, and
- *     dv_j += P_ij dy_i,  dS_ij = P_ij (dy_i . v_j - Di),
+ * exp(s_ij - lse_i) are the true probabilities (exp(c_ij - lse_i) under a
+ * cap), Di = dy_i . y_i, and
+ *     dv_j += P_ij dy_i,  dS_ij = P_ij (dy_i . v_j - Di) (times tanh's
+ *     derivative 1 - (c_ij / cap)^2 under a cap),
  *     dq_i += scale dS_ij k_j,  dk_j += scale dS_ij q_i,
  * added into dq, dk, dv: summed over the blocks, the gradient of the whole
  * attention. One task per (b, h) owns that head's columns of dq, dk, dv, so
@@ -59,11 +63,13 @@
 #define PART_DMAX 256
 
 static dt_status part_args(const char *fn, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, int64_t ldq,
-                           int64_t ldk, int64_t ldv, int64_t ldy, bool causal, int64_t window)
+                           int64_t ldk, int64_t ldv, int64_t ldy, bool causal, int64_t window, float cap)
 {
     if (window < 0 || (window > 0 && !causal))
         return dt_error(DT_ERR_INVALID_ARG, "%s: sliding window %lld must be >= 0, and > 0 only with the causal mask", fn,
                         (long long)window);
+    if (!(cap >= 0.0f) || !isfinite(cap))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the soft cap %g must be finite and >= 0 (0: none)", fn, (double)cap);
     DT__CHECK_N(fn, B);
     DT__CHECK_N(fn, Tq);
     DT__CHECK_N(fn, Tk);
@@ -101,12 +107,12 @@ static inline int64_t first_key(int64_t window, int64_t qpos, int64_t kpos0, int
 
 /* Query rows [0, nq) at qt (D apart, positions qpos0 + r) of one head
  * against the keys kT ([D][ldT], transposed, zero past the last visible
- * key) and values vw ([Tk][D]): an online softmax over blocks of BK keys,
- * the values' weighted sum by rows_acc (along D), then the log-sum-exp
- * merge into the running (y, lse). */
+ * key) and values vw ([Tk][D]): an online softmax over blocks of BK keys
+ * (of the capped scores under cap > 0), the values' weighted sum by
+ * rows_acc (along D), then the log-sum-exp merge into the running (y, lse). */
 DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, int64_t ldT, const float *vw,
                                     int64_t nq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
-                                    int64_t window, float scale, float *y, int64_t ldy, float *lse)
+                                    int64_t window, float cap, float scale, float *y, int64_t ldy, float *lse)
 {
     float m[PBQ], l[PBQ], s[BK];
     float acc[PBQ][PART_DMAX];
@@ -129,9 +135,15 @@ DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, i
             const int64_t ja = j0 + ((js - j0) & ~(int64_t)7), ns = je - js;
             row_dots(vec, qt + r * D, kT + ja, ldT, D, je - ja, s);
             float *sr = s + (js - ja), mx = m[r];
-            for (int64_t j = 0; j < ns; j++) {
-                sr[j] *= scale;
-                mx = sr[j] > mx ? sr[j] : mx;
+            if (cap > 0.0f) {
+                dt__att_cap_row(vec, sr, NULL, ns, scale, cap);
+                for (int64_t j = 0; j < ns; j++)
+                    mx = sr[j] > mx ? sr[j] : mx;
+            } else {
+                for (int64_t j = 0; j < ns; j++) {
+                    sr[j] *= scale;
+                    mx = sr[j] > mx ? sr[j] : mx;
+                }
             }
             float corr = expf(m[r] - mx); /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
@@ -169,7 +181,8 @@ DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, i
  * floats), then part_fwd_rows runs on those tiles. */
 static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                           int64_t ldv, int64_t ia, int64_t iz, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0,
-                          bool causal, int64_t window, float scale, float *w, float *y, int64_t ldy, float *lse)
+                          bool causal, int64_t window, float cap, float scale, float *w, float *y, int64_t ldy,
+                          float *lse)
 {
     const int64_t nkv = visible(causal, qpos0 + iz - 1, kpos0, Tk), ldT = dt__att_key_stride(nkv);
     if (nkv == 0 || first_key(window, qpos0 + ia, kpos0, Tk) >= nkv)
@@ -187,8 +200,8 @@ static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, 
         const int64_t nq = i0 + PBQ < iz ? PBQ : iz - i0;
         for (int64_t r = 0; r < nq; r++)
             memcpy(qt + r * D, q + (i0 + r) * ldq, (size_t)D * sizeof(float));
-        part_fwd_rows(vec, qt, kT, ldT, vw, nq, Tk, D, qpos0 + i0, kpos0, causal, window, scale, y + i0 * ldy, ldy,
-                      lse + i0);
+        part_fwd_rows(vec, qt, kT, ldT, vw, nq, Tk, D, qpos0 + i0, kpos0, causal, window, cap, scale, y + i0 * ldy,
+                      ldy, lse + i0);
     }
 }
 
@@ -201,11 +214,11 @@ static size_t part_fwd_scratch(int64_t Tk, int64_t D)
 
 dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                   int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
-                                  int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float *y, int64_t ldy,
-                                  float *lse, int64_t ldlse)
+                                  int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap, float *y,
+                                  int64_t ldy, float *lse, int64_t ldlse)
 {
     const char *fn = "dt_k_attention_part_fwd";
-    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window);
+    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window, cap);
     if (st < 0)
         return st;
     if (ldlse < Tq)
@@ -238,8 +251,8 @@ dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, i
             int64_t ia = q0 * PBQ, iz = q1 * PBQ < Tq ? q1 * PBQ : Tq;
             if (w)
                 part_fwd_task(vec, q + b * Tq * ldq + h * D, ldq, k + b * Tk * ldk + h * D, ldk,
-                              v + b * Tk * ldv + h * D, ldv, ia, iz, Tk, D, qpos0, kpos0, causal, window, scale, w,
-                              y + b * Tq * ldy + h * D, ldy, lse + bh * ldlse);
+                              v + b * Tk * ldv + h * D, ldv, ia, iz, Tk, D, qpos0, kpos0, causal, window, cap, scale,
+                              w, y + b * Tq * ldy + h * D, ldy, lse + bh * ldlse);
         }
         dt_free(w);
     }
@@ -261,12 +274,12 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
                                     int64_t ldk, const float *restrict v, int64_t ldv, const float *restrict y,
                                     int64_t ldy, const float *restrict lse, const float *restrict dy, int64_t lddy,
                                     int64_t Tq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
-                                    int64_t window, float scale, float *w, float *restrict dq, int64_t lddq,
+                                    int64_t window, float cap, float scale, float *w, float *restrict dq, int64_t lddq,
                                     float *restrict dk, int64_t lddk, float *restrict dv, int64_t lddv)
 {
     float *kt = w, *vt = kt + PART_DMAX * BK, *pdm = vt + PART_DMAX * BK, *dsm = pdm + Tq * BK;
     float *qw = dsm + Tq * BK, *gw = qw + Tq * D, *kw = gw + Tq * D, *dim = kw + Tk * D;
-    float sc[BK], dp[BK];
+    float sc[BK], dp[BK], th[BK];
     for (int64_t i = 0; i < Tq; i++) {
         memcpy(qw + i * D, q + i * ldq, (size_t)D * sizeof(float));
         memcpy(gw + i * D, dy + i * lddy, (size_t)D * sizeof(float));
@@ -299,9 +312,16 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
             float L = lse[i], Di = dim[i];
             row_dots(vec, qw + i * D, kt + (ja - j0), BK, D, je - ja, sc);
             row_dots(vec, gw + i * D, vt + (ja - j0), BK, D, je - ja, dp);
-            att_probs(vec, sc + (js - ja), ne, scale, L, pd);
-            for (int64_t jj = 0; jj < ne; jj++)
-                ds[jj] = pd[jj] * (dp[js - ja + jj] - Di) * scale;
+            if (cap > 0.0f) { /* P from the capped scores c (times 1: the same bits), dS through tanh' = 1 - tanh^2 */
+                dt__att_cap_row(vec, sc + (js - ja), th, ne, scale, cap);
+                att_probs(vec, sc + (js - ja), ne, 1.0f, L, pd);
+                for (int64_t jj = 0; jj < ne; jj++)
+                    ds[jj] = pd[jj] * (dp[js - ja + jj] - Di) * (1.0f - th[jj] * th[jj]) * scale;
+            } else {
+                att_probs(vec, sc + (js - ja), ne, scale, L, pd);
+                for (int64_t jj = 0; jj < ne; jj++)
+                    ds[jj] = pd[jj] * (dp[js - ja + jj] - Di) * scale;
+            }
             rows_acc(vec, dq + i * lddq, ds, 1, kw + js * D, D, ne, D);
         }
         dkdv_keys(vec, dk, lddk, dv, lddv, dsm, pdm, qw, D, gw, D, Tq, i0, j0, j1, causal, kpos0 - qpos0, window, D);
@@ -318,11 +338,11 @@ static size_t part_bwd_scratch(int64_t Tq, int64_t Tk, int64_t D)
 dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                   int64_t ldv, const float *y, int64_t ldy, const float *lse, int64_t ldlse,
                                   const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                                  int64_t D, int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float *dq,
-                                  int64_t lddq, float *dk, int64_t lddk, float *dv, int64_t lddv)
+                                  int64_t D, int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
+                                  float *dq, int64_t lddq, float *dk, int64_t lddk, float *dv, int64_t lddv)
 {
     const char *fn = "dt_k_attention_part_bwd";
-    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window);
+    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window, cap);
     if (st < 0)
         return st;
     int64_t C = H * D;
@@ -360,7 +380,7 @@ dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, i
             if (kt)
                 part_bwd_head(vec, q + b * Tq * ldq + o, ldq, k + b * Tk * ldk + o, ldk, v + b * Tk * ldv + o, ldv,
                               y + b * Tq * ldy + o, ldy, lse + bh * ldlse, dy + b * Tq * lddy + o, lddy, Tq, Tk, D,
-                              qpos0, kpos0, causal, window, scale, kt, dq + b * Tq * lddq + o, lddq,
+                              qpos0, kpos0, causal, window, cap, scale, kt, dq + b * Tq * lddq + o, lddq,
                               dk + b * Tk * lddk + o, lddk, dv + b * Tk * lddv + o, lddv);
         }
         dt_free(kt);

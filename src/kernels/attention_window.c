@@ -140,7 +140,7 @@ DT__AVX2 static void cap_row_avx2(float *r, float *t, int64_t n, float scale, fl
     }
 }
 
-static void cap_row(int vec, float *r, float *t, int64_t n, float scale, float cap)
+void dt__att_cap_row(int vec, float *r, float *t, int64_t n, float scale, float cap)
 {
     if (vec >= DT__VEC_AVX2) {
         cap_row_avx2(r, t, n, scale, cap);
@@ -199,7 +199,7 @@ static inline __attribute__((always_inline)) void row_scores(int vec, const floa
     float *restrict r = s + j0;
     along_keys(qi, kt + j0, T, D, n, r);
     if (cap > 0.0f) {
-        cap_row(vec, r, t ? t + j0 : NULL, n, scale, cap);
+        dt__att_cap_row(vec, r, t ? t + j0 : NULL, n, scale, cap);
     } else {
 #pragma omp simd
         for (int64_t j = 0; j < n; j++)

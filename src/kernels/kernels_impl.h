@@ -247,6 +247,12 @@ static inline __attribute__((always_inline)) float dt__bf16_round(float v)
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
 int dt__threads_for(int64_t work);
 
+/* Soft-capped attention scores (attention_window.c, attention_part.c): t[j]
+ * = tanh(r[j] scale / cap) and r[j] = cap t[j] for j < n (t NULL: r only),
+ * tanh within 1.5 ulp; vec (dt__vec_level) picks 8 lanes a step, the same
+ * bits. */
+void dt__att_cap_row(int vec, float *r, float *t, int64_t n, float scale, float cap);
+
 /* Pooling: the input range [*lo, *hi) of output index i along one axis
  * (window k, stride, padding pad, input length n), clipped to the input. */
 static inline void dt__pool_window(int64_t i, int64_t stride, int64_t pad, int64_t k, int64_t n, int64_t *lo,

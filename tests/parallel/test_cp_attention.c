@@ -12,8 +12,9 @@
  *     count that does not divide over the degree refused by name; with a
  *     sliding window and a soft cap of the scores against
  *     dt_k_attention_window_fwd/bwd on the whole sequence; ring attention
- *     with windows the same way, a soft cap refused by name
- *     (dt_cp_check_window); the partial kernel's blocks under a window;
+ *     with windows and caps the same way, bad windows and caps refused
+ *     before any exchange; the partial kernel's blocks under a window and
+ *     a cap;
  *   - the layout: rank r of P holds chunks r and 2P-1-r when balanced
  *     (P = 2, T = 8: positions 0,1,6,7 and 2,3,4,5), and a length that does
  *     not divide into equal chunks is refused by name. */
@@ -56,6 +57,7 @@ typedef struct {
     const int64_t *k0, *kn;
     const int *order;
     int64_t window; /* with causal: a sliding window (0 none) */
+    float cap;      /* with causal: a soft cap of the scores (0 none) */
 } part_case;
 
 static void part_blocks(const part_case *pc, const float *qkv, const float *dy, const float *y, const float *lse,
@@ -70,7 +72,7 @@ static void part_blocks(const part_case *pc, const float *qkv, const float *dy, 
         for (int64_t b = 0; b < B; b++) {
             const float *k = qkv + (b * T + pc->k0[c]) * 3 * C + C;
             ASSERT_OK(dt_k_attention_part_fwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, 1, T, pc->kn[c], H,
-                                              D, 0, pc->k0[c], pc->causal, pc->window, yp + b * T * C, C,
+                                              D, 0, pc->k0[c], pc->causal, pc->window, pc->cap, yp + b * T * C, C,
                                               lp + b * H * T, T));
         }
     }
@@ -81,8 +83,8 @@ static void part_blocks(const part_case *pc, const float *qkv, const float *dy, 
             float *dk = dp + (b * T + pc->k0[c]) * 3 * C + C;
             ASSERT_OK(dt_k_attention_part_bwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, y + b * T * C, C,
                                               lse + b * H * T, T, dy + b * T * C, C, 1, T, pc->kn[c], H, D, 0,
-                                              pc->k0[c], pc->causal, pc->window, dp + b * T * 3 * C, 3 * C, dk, 3 * C,
-                                              dk + C, 3 * C));
+                                              pc->k0[c], pc->causal, pc->window, pc->cap, dp + b * T * 3 * C, 3 * C,
+                                              dk, 3 * C, dk + C, 3 * C));
         }
     }
 }
@@ -99,9 +101,9 @@ static void part_vs_whole(const part_case *pc, bool isa_bits)
     float *yp = malloc(sizeof(float) * ny), *lp = malloc(sizeof(float) * nl), *dp = malloc(sizeof(float) * nq);
     float *ys = malloc(sizeof(float) * ny), *ls = malloc(sizeof(float) * nl), *ds = malloc(sizeof(float) * nq);
     ASSERT(qkv && dy && y && lse && dq && yp && lp && dp && ys && ls && ds);
-    if (pc->window) {
-        ASSERT_OK(dt_k_attention_window_fwd(qkv, B, T, H, D, pc->window, 0.0f, y, lse));
-        ASSERT_OK(dt_k_attention_window_bwd(qkv, y, lse, dy, B, T, H, D, pc->window, 0.0f, dq));
+    if (pc->window || pc->cap > 0.0f) {
+        ASSERT_OK(dt_k_attention_window_fwd(qkv, B, T, H, D, pc->window, pc->cap, y, lse));
+        ASSERT_OK(dt_k_attention_window_bwd(qkv, y, lse, dy, B, T, H, D, pc->window, pc->cap, dq));
     } else {
         ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, pc->causal, 0.0f, (dt_rng_key){0}, y, lse));
         ASSERT_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, pc->causal, 0.0f, (dt_rng_key){0}, dq));
@@ -127,20 +129,26 @@ static void part_vs_whole(const part_case *pc, bool isa_bits)
 
 /* The blocks of keys [0, 5), [5, 6), [6, 13), [13, 19) of T = 19, added in the order 2, 0, 3, 1 (with a window:
  * of 4, rows whose window starts inside a block, a block of one key some rows' windows pass by, the first block
- * before the last rows' windows whole; of 1, each row its own key). */
-static void part_small(bool causal, int64_t window)
+ * before the last rows' windows whole; of 1, each row its own key; a cap of 0.3 bends these inputs' scores,
+ * up to ~1.2, to under 0.3). */
+static void part_small(bool causal, int64_t window, float cap)
 {
     static const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6};
     static const int order[4] = {2, 0, 3, 1};
-    part_vs_whole(&(part_case){causal, 2, 19, 3, 8, 4, k0, kn, order, window}, false);
+    part_vs_whole(&(part_case){causal, 2, 19, 3, 8, 4, k0, kn, order, window, cap}, false);
 }
 
-TEST(part_blocks_equal_whole_causal) { part_small(true, 0); }
-TEST(part_blocks_equal_whole_full) { part_small(false, 0); }
+TEST(part_blocks_equal_whole_causal) { part_small(true, 0, 0.0f); }
+TEST(part_blocks_equal_whole_full) { part_small(false, 0, 0.0f); }
 TEST(part_blocks_equal_whole_window)
 {
-    part_small(true, 4);
-    part_small(true, 1);
+    part_small(true, 4, 0.0f);
+    part_small(true, 1, 0.0f);
+}
+TEST(part_blocks_equal_whole_cap)
+{
+    part_small(true, 0, 0.3f);
+    part_small(true, 4, 0.3f);
 }
 
 /* One head of 150 positions (ten 16-row query blocks: a forward task takes
@@ -149,37 +157,47 @@ TEST(part_blocks_equal_whole_window)
  * key, and one of 70 whose causal rows start mid-block; the vector paths
  * (the tiles, the four-key sums, the 8-lane exponentials) against the
  * portable loops bit for bit too. */
-static void part_long(bool causal, int64_t window)
+static void part_long(bool causal, int64_t window, float cap)
 {
     static const int64_t k0[3] = {0, 70, 71}, kn[3] = {70, 1, 79};
     static const int order[3] = {2, 0, 1};
-    part_vs_whole(&(part_case){causal, 1, 150, 1, 24, 3, k0, kn, order, window}, true);
+    part_vs_whole(&(part_case){causal, 1, 150, 1, 24, 3, k0, kn, order, window, cap}, true);
 }
 
-TEST(part_long_blocks_causal) { part_long(true, 0); }
-TEST(part_long_blocks_full) { part_long(false, 0); }
+TEST(part_long_blocks_causal) { part_long(true, 0, 0.0f); }
+TEST(part_long_blocks_full) { part_long(false, 0, 0.0f); }
 /* windows of 37 (rows starting mid 64-key block and mid 8-key step), 64 (a block's width) and 100 (a window that
  * spans the three blocks) */
 TEST(part_long_blocks_window)
 {
-    part_long(true, 37);
-    part_long(true, 64);
-    part_long(true, 100);
+    part_long(true, 37, 0.0f);
+    part_long(true, 64, 0.0f);
+    part_long(true, 100, 0.0f);
+}
+TEST(part_long_blocks_cap)
+{
+    part_long(true, 0, 0.5f);
+    part_long(true, 37, 0.5f);
 }
 
 TEST(part_bad_arguments)
 {
     float x[64] = {0}, l[4];
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 2, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, x, 4, l, 2),
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 2, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, 0.0f, x, 4, l, 2),
                   DT_ERR_INVALID_ARG); /* ldq below H D */
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, x, 4, l, 1),
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, 0.0f, x, 4, l, 1),
                   DT_ERR_INVALID_ARG); /* lse stride below Tq */
     ASSERT_STR_CONTAINS(dt_last_error(), "lse");
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, false, 3, x, 4, l, 2),
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, false, 3, 0.0f, x, 4, l, 2),
                   DT_ERR_INVALID_ARG); /* a window without the causal mask */
     ASSERT_STR_CONTAINS(dt_last_error(), "window");
-    ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 0, 0, true, -1, x, 4, x,
-                                          4, x, 4), DT_ERR_INVALID_ARG); /* a negative window */
+    ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 0, 0, true, -1, 0.0f, x,
+                                          4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* a negative window */
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, -1.0f, x, 4, l, 2),
+                  DT_ERR_INVALID_ARG); /* a negative cap */
+    ASSERT_STR_CONTAINS(dt_last_error(), "soft cap");
+    ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, INFINITY,
+                                          x, 4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* an infinite one */
 }
 
 TEST(layout_positions_and_uneven_refused)
@@ -207,7 +225,7 @@ typedef struct {
     bool balance, causal, ulysses;
     int64_t H;      /* 0: 4 */
     int64_t window; /* with causal: a sliding window (0 none) */
-    float cap;      /* and with Ulysses a soft cap (0 none); either: the window kernels are the reference */
+    float cap;      /* and a soft cap (0 none); either: the window kernels are the reference */
 } ring_case;
 
 static int body_ring(int rank, int P, void *arg)
@@ -256,8 +274,8 @@ static int body_ring(int rank, int P, void *arg)
         TH_OK(dt_cp_ulysses_window_fwd(pg, &L, lq, B, H, D, rc->window, rc->cap, ly, ll));
         TH_OK(dt_cp_ulysses_window_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->window, rc->cap, ld));
     } else if (win) {
-        TH_OK(dt_cp_attention_window_fwd(pg, &L, lq, B, H, D, rc->window, ly, ll));
-        TH_OK(dt_cp_attention_window_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->window, ld));
+        TH_OK(dt_cp_attention_window_fwd(pg, &L, lq, B, H, D, rc->window, rc->cap, ly, ll));
+        TH_OK(dt_cp_attention_window_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->window, rc->cap, ld));
     } else if (rc->ulysses) {
         TH_OK(dt_cp_ulysses_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
         TH_OK(dt_cp_ulysses_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
@@ -312,9 +330,9 @@ static void ulysses_window(int P, int64_t window, float cap)
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
-static void ring_window(int P, int64_t T, bool balance, int64_t window)
+static void ring_window(int P, int64_t T, bool balance, int64_t window, float cap)
 {
-    ring_case rc = {T, balance, true, false, 4, window, 0.0f};
+    ring_case rc = {T, balance, true, false, 4, window, cap};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
@@ -331,48 +349,39 @@ TEST(ulysses_heads_must_divide) { ulysses(4, 16, true, true, 2); }
 TEST(ulysses_cp2_sliding_window) { ulysses_window(2, 5, 0.0f); }
 TEST(ulysses_cp2_soft_cap) { ulysses_window(2, 0, 0.8f); }
 TEST(ulysses_cp4_window_and_cap) { ulysses_window(4, 3, 0.8f); }
-TEST(ring_cp2_window) { ring_window(2, 24, true, 5); }
+TEST(ring_cp2_window) { ring_window(2, 24, true, 5, 0.0f); }
 TEST(ring_cp4_window)
 {
-    ring_window(4, 40, true, 7);  /* chunks of 5: a window longer than a chunk */
-    ring_window(4, 36, false, 2); /* chunks of 9, each row's window inside its own or the one before */
+    ring_window(4, 40, true, 7, 0.0f);  /* chunks of 5: a window longer than a chunk */
+    ring_window(4, 36, false, 2, 0.0f); /* chunks of 9, each row's window inside its own or the one before */
 }
+TEST(ring_cp2_soft_cap) { ring_window(2, 24, true, 0, 0.8f); }
+TEST(ring_cp4_window_and_cap) { ring_window(4, 40, true, 7, 0.8f); }
 
-/* Ring attention refuses a soft cap by name (Ulysses is the fix) and takes windows; bad windows and caps
- * refused; without a group every mask passes (one process) */
-static int body_check_window(int rank, int P, void *arg)
+/* Bad windows and caps are refused by both attentions before any exchange (no rank waits) */
+static int body_bad_masks(int rank, int P, void *arg)
 {
     (void)arg;
     dt_pg *pg;
     TH_OK(th_pg(rank, P, NULL, &pg));
-    dt_cp_params p = dt_cp_params_default();
-    p.group = pg;
-    TH_OK(dt_cp_check_window(&p, 16, 4, 0.0f));
-    TH_CHECK(dt_cp_check_window(&p, 16, 0, 50.0f) == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "soft cap") &&
-                 strstr(dt_last_error(), "--cp-impl ulysses"), "ring, cap 50: %s", dt_last_error());
-    TH_OK(dt_cp_check_window(&p, 16, 16, 0.0f));
-    TH_OK(dt_cp_check_window(&p, 16, 0, 0.0f));
-    TH_CHECK(dt_cp_check_window(&p, 16, -1, 0.0f) == DT_ERR_INVALID_ARG, "window -1 taken");
-    p.impl = DT_CP_ULYSSES;
-    TH_OK(dt_cp_check_window(&p, 16, 4, 50.0f));
-    TH_CHECK(dt_cp_check_window(&p, 16, 4, NAN) == DT_ERR_INVALID_ARG, "cap NaN taken");
     dt_cp_layout L;
     float x[1];
-    TH_OK(dt_cp_layout_make(rank, P, 16, true, &L)); /* refused before any exchange: no rank waits */
+    TH_OK(dt_cp_layout_make(rank, P, 16, true, &L));
     TH_CHECK(dt_cp_ulysses_window_fwd(pg, &L, x, 1, 4, 8, -2, 0.0f, x, x) == DT_ERR_INVALID_ARG,
              "Ulysses window -2: %s", dt_last_error());
-    TH_CHECK(dt_cp_attention_window_fwd(pg, &L, x, 1, 4, 8, -2, x, x) == DT_ERR_INVALID_ARG, "ring window -2: %s",
-             dt_last_error());
+    TH_CHECK(dt_cp_attention_window_fwd(pg, &L, x, 1, 4, 8, -2, 0.0f, x, x) == DT_ERR_INVALID_ARG,
+             "ring window -2: %s", dt_last_error());
+    TH_CHECK(dt_cp_attention_window_fwd(pg, &L, x, 1, 4, 8, 4, NAN, x, x) == DT_ERR_INVALID_ARG &&
+                 strstr(dt_last_error(), "soft cap"), "ring cap NaN: %s", dt_last_error());
+    TH_CHECK(dt_cp_attention_window_bwd(pg, &L, x, x, x, x, 1, 4, 8, 0, -1.0f, x) == DT_ERR_INVALID_ARG,
+             "ring backward cap -1: %s", dt_last_error());
+    TH_CHECK(dt_cp_ulysses_window_bwd(pg, &L, x, x, x, x, 1, 4, 8, 0, INFINITY, x) == DT_ERR_INVALID_ARG,
+             "Ulysses backward cap inf: %s", dt_last_error());
     dt_pg_free(pg);
     return 0;
 }
 
-TEST(ring_takes_windows_not_caps)
-{
-    dt_cp_params p = dt_cp_params_default();
-    ASSERT_OK(dt_cp_check_window(&p, 16, 4, 1.0f)); /* no group: one process, every mask */
-    ASSERT_EQ_INT(th_run(2, 60.0, body_check_window, NULL, NULL), 0);
-}
+TEST(bad_masks_refused_before_exchange) { ASSERT_EQ_INT(th_run(2, 60.0, body_bad_masks, NULL, NULL), 0); }
 
 /* The forked ranks first: a child of a process whose OpenMP pool has
  * started can hang in its first parallel region (libgomp is not fork-safe),
@@ -395,13 +404,17 @@ int main(void)
     RUN(ulysses_cp4_window_and_cap);
     RUN(ring_cp2_window);
     RUN(ring_cp4_window);
-    RUN(ring_takes_windows_not_caps);
+    RUN(ring_cp2_soft_cap);
+    RUN(ring_cp4_window_and_cap);
+    RUN(bad_masks_refused_before_exchange);
     RUN(part_blocks_equal_whole_causal);
     RUN(part_blocks_equal_whole_full);
     RUN(part_blocks_equal_whole_window);
+    RUN(part_blocks_equal_whole_cap);
     RUN(part_long_blocks_causal);
     RUN(part_long_blocks_full);
     RUN(part_long_blocks_window);
+    RUN(part_long_blocks_cap);
     RUN(part_bad_arguments);
     return TEST_REPORT();
 }

@@ -104,13 +104,14 @@ static dt_status mask_args(const char *fn, bool causal, int64_t window, float ca
     return DT_OK;
 }
 
-/* the ring's forward; window > 0 (causal): a sliding window, the blocks before every row's window skipped */
+/* the ring's forward; with causal: window > 0 a sliding window (the blocks before every row's window skipped),
+ * cap > 0 a soft cap of the scores */
 static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
-                          int64_t D, bool causal, int64_t window, float *y, float *lse)
+                          int64_t D, bool causal, int64_t window, float cap, float *y, float *lse)
 {
     dt_status st = cp_args(fn, cp, l, B, H, D);
     if (st >= 0)
-        st = mask_args(fn, causal, window, 0.0f);
+        st = mask_args(fn, causal, window, cap);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -139,7 +140,7 @@ static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
                 for (int c = 0; c < src.nchunks && st >= 0; c++) {
                     const float *k = cur + (b * Tl + c * ch) * 2 * C;
                     st = dt_k_attention_part_fwd(qkv + (b * Tl + a * ch) * 3 * C, 3 * C, k, 2 * C, k + C, 2 * C, 1,
-                                                 ch, ch, H, D, l->start[a], src.start[c], causal, window,
+                                                 ch, ch, H, D, l->start[a], src.start[c], causal, window, cap,
                                                  y + (b * Tl + a * ch) * C, C, lse + b * H * Tl + a * ch, Tl);
                 }
         if (rq[0] || rq[1]) {
@@ -155,14 +156,14 @@ static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
     return st;
 }
 
-/* the ring's backward, window as ring_fwd's */
+/* the ring's backward, window and cap as ring_fwd's */
 static dt_status ring_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                           const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
-                          int64_t window, float *dqkv)
+                          int64_t window, float cap, float *dqkv)
 {
     dt_status st = cp_args(fn, cp, l, B, H, D);
     if (st >= 0)
-        st = mask_args(fn, causal, window, 0.0f);
+        st = mask_args(fn, causal, window, cap);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -192,8 +193,8 @@ static dt_status ring_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
                     float *dk = cur + nkv + ko * 2 * C;
                     st = dt_k_attention_part_bwd(qkv + qo * 3 * C, 3 * C, k, 2 * C, k + C, 2 * C, y + qo * C, C,
                                                  lse + b * H * Tl + a * ch, Tl, dy + qo * C, C, 1, ch, ch, H, D,
-                                                 l->start[a], src.start[c], causal, window, dqkv + qo * 3 * C, 3 * C,
-                                                 dk, 2 * C, dk + C, 2 * C);
+                                                 l->start[a], src.start[c], causal, window, cap, dqkv + qo * 3 * C,
+                                                 3 * C, dk, 2 * C, dk + C, 2 * C);
                 }
         if (st >= 0 && P > 1) {
             /* pass the block and its accumulator on; after the last step only
@@ -423,24 +424,24 @@ dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float
 dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                               bool causal, float *y, float *lse)
 {
-    return ring_fwd("dt_cp_attention_fwd", cp, l, qkv, B, H, D, causal, 0, y, lse);
+    return ring_fwd("dt_cp_attention_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, y, lse);
 }
 
 dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
                               const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
 {
-    return ring_bwd("dt_cp_attention_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, dqkv);
+    return ring_bwd("dt_cp_attention_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, dqkv);
 }
 
 dt_status dt_cp_attention_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
-                                     int64_t D, int64_t window, float *y, float *lse)
+                                     int64_t D, int64_t window, float cap, float *y, float *lse)
 {
-    return ring_fwd("dt_cp_attention_window_fwd", cp, l, qkv, B, H, D, true, window, y, lse);
+    return ring_fwd("dt_cp_attention_window_fwd", cp, l, qkv, B, H, D, true, window, cap, y, lse);
 }
 
 dt_status dt_cp_attention_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                      const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t window,
-                                     float *dqkv)
+                                     float cap, float *dqkv)
 {
-    return ring_bwd("dt_cp_attention_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, dqkv);
+    return ring_bwd("dt_cp_attention_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, dqkv);
 }

@@ -18,15 +18,13 @@
  * Megatron scales its context-parallel loss by the cp size). */
 #include "dtrain/cp.h"
 
-#include <math.h>
 #include <string.h>
 
-/* The attentions over the group, one row per dt_cp_impl: with causal, a sliding window (0 none) and, where
- * softcap, a soft cap of the scores (0 none) */
+/* The attentions over the group, one row per dt_cp_impl: with causal, a sliding window (0 none) and a soft cap of
+ * the scores (0 none) */
 typedef struct {
     const char *name;
     bool by_heads; /* the heads (of this rank) are divided over the group */
-    bool softcap;
     dt_status (*fwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                      bool causal, int64_t window, float cap, float *y, float *lse);
     dt_status (*bwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
@@ -37,8 +35,7 @@ typedef struct {
 static dt_status ring_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                           bool causal, int64_t window, float cap, float *y, float *lse)
 {
-    (void)cap; /* none: dt_cp_check_window */
-    return causal ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, window, y, lse)
+    return causal ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, window, cap, y, lse)
                   : dt_cp_attention_fwd(cp, l, qkv, B, H, D, false, y, lse);
 }
 
@@ -46,8 +43,7 @@ static dt_status ring_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, co
                           const float *dy, int64_t B, int64_t H, int64_t D, bool causal, int64_t window, float cap,
                           float *dqkv)
 {
-    (void)cap;
-    return causal ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, window, dqkv)
+    return causal ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, window, cap, dqkv)
                   : dt_cp_attention_bwd(cp, l, qkv, y, lse, dy, B, H, D, false, dqkv);
 }
 
@@ -67,8 +63,8 @@ static dt_status ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv,
 }
 
 static const cp_impl_ops k_impl[DT_CP_IMPL_COUNT] = {
-    [DT_CP_RING] = {"ring", false, false, ring_fwd, ring_bwd},
-    [DT_CP_ULYSSES] = {"ulysses", true, true, ulysses_fwd, ulysses_bwd},
+    [DT_CP_RING] = {"ring", false, ring_fwd, ring_bwd},
+    [DT_CP_ULYSSES] = {"ulysses", true, ulysses_fwd, ulysses_bwd},
 };
 _Static_assert(DT_CP_IMPL_COUNT == 2, "one row per dt_cp_impl");
 
@@ -116,21 +112,6 @@ dt_status dt_cp_check(const dt_cp_params *p, int64_t T, int64_t n_head)
     return DT_OK;
 }
 
-dt_status dt_cp_check_window(const dt_cp_params *p, int64_t T, int64_t window, float cap)
-{
-    if (!p || !p->group || dt_pg_size(p->group) <= 1)
-        return DT_OK;
-    if (window < 0 || !(cap >= 0.0f) || !isfinite(cap))
-        return dt_error(DT_ERR_INVALID_ARG, "context parallelism: sliding window %lld must be >= 0 and soft cap %g "
-                        "finite and >= 0", (long long)window, (double)cap);
-    (void)T; /* every attention takes any window */
-    if (cap == 0.0f || ((unsigned)p->impl < DT_CP_IMPL_COUNT && k_impl[p->impl].softcap))
-        return DT_OK;
-    return dt_error(DT_ERR_UNSUPPORTED, "context parallelism: ring attention has no soft cap of the scores (cap %g, as "
-                    "Gemma 2's attn_logit_softcapping): use DeepSpeed-Ulysses' attention (--cp-impl ulysses; "
-                    "dt_cp_params.impl DT_CP_ULYSSES)", (double)cap);
-}
-
 dt_status dt_cp_layout_of(const dt_cp_params *p, int64_t T, dt_cp_layout *out)
 {
     if (!p || !p->group)
@@ -175,7 +156,7 @@ typedef struct {
     dt_cp_layout l;
     dt_cp_impl impl;
     bool causal;
-    int64_t window; /* with causal: a sliding window (0 none) and a soft cap (0 none; Ulysses only) */
+    int64_t window; /* with causal: a sliding window (0 none) and a soft cap (0 none) */
     float cap;
     int64_t B, H, D;
     const float *qkv, *y; /* (B, Tl, 3C), (B, Tl, C): arena temporaries */
@@ -193,7 +174,7 @@ static dt_status attn_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor
     return st < 0 ? dt_error_wrap(st, "context-parallel attention backward") : DT_OK;
 }
 
-/* dt_cp_attention, with causal: also a sliding window and a soft cap (Ulysses) */
+/* dt_cp_attention, with causal: also a sliding window and a soft cap */
 static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv, int n_head,
                                bool causal, int64_t window, float cap)
 {
@@ -228,10 +209,6 @@ static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *
     dt_status st = dt_cp_check(p, T, n_head);
     if (st < 0 || (st = dt_cp_layout_of(p, T, &a->l)) < 0)
         return NULL;
-    if (causal && (st = dt_cp_check_window(p, T, window, cap)) < 0) {
-        dt_error_wrap(st, "%s", op);
-        return NULL;
-    }
     dt_tensor *c = dt_contiguous(ctx, qkv);
     const int64_t Tl = qkv->shape[1], C = n_head * a->D;
     dt_tensor *y = c ? dt_tensor_empty(ctx, DT_F32, 3, (int64_t[]){a->B, Tl, C}) : NULL;
