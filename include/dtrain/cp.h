@@ -153,9 +153,11 @@ DT_API dt_status dt_cp_layout_of(const dt_cp_params *p, int64_t T, dt_cp_layout 
 DT_API dt_tensor *dt_cp_local_rows(dt_ctx *ctx, const dt_cp_layout *l, dt_tensor *x);
 /* Causal (or not) attention of the rank's rows qkv [B, T/cp, 3 n_head hd]
  * (q | k | v per row, as dt_attention takes) over the whole sequence,
- * differentiable: y [B, T/cp, n_head hd] of the same rows. f32 (another
- * dtype: DT_ERR_UNSUPPORTED), no dropout. Collective over p->group in
- * forward and backward. */
+ * differentiable: y [B, T/cp, n_head hd] of the same rows, in qkv's
+ * dtype. The exchanges and the kernels run in f32: a bf16 or f16 qkv
+ * (mixed precision) is widened first and y rounded back (the gradient
+ * comes back in qkv's dtype, as dt_cast's does). No dropout. Collective
+ * over p->group in forward and backward. */
 DT_API dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal);
 /* dt_cp_attention's causal attention with dt_attention_window's sliding
  * window (> 0: query i sees the keys (i - window, i]; 0 or >= T: every

@@ -7,7 +7,10 @@
  *   - dt_cp_local_rows: the balanced and plain layouts' rows of ids;
  *   - dt_rope_at: positions given per row equal dt_rope's rows at those
  *     positions (forward and backward); a negative position is refused;
- *   - dt_cp_check: the bad sequence lengths and head counts by name. */
+ *   - dt_cp_check: the bad sequence lengths and head counts by name;
+ *   - dt_cp_attention on a bf16 qkv (mixed precision), ring and Ulysses:
+ *     y in bf16, each value the f32 attention's of the same (bf16) inputs
+ *     rounded, and the gradient in bf16, the f32 one's rounded. */
 // dt-test-labels: threads
 #include "comm/harness.h"
 #include "test.h"
@@ -147,6 +150,65 @@ static int body_check(int rank, int P, void *arg)
 
 TEST(check_names_the_numbers) { ASSERT_EQ_INT(th_run(4, 60.0, body_check, NULL, NULL), 0); }
 
+static float bf16_round(double v) { return dt_bf16_to_f32(dt_f32_to_bf16((float)v)); }
+
+/* The rank's rows of a (1, 8, 3 x 2 x 4) qkv as bf16 and as f32 (the same values); the attention of each, the
+ * gradient of sum(y w) with w bf16-exact, so that both backward passes start from the same values */
+static int body_bf16(int rank, int P, void *arg)
+{
+    const dt_cp_impl impl = *(const dt_cp_impl *)arg;
+    const int64_t Tl = 8 / P, H = 2, C = 8;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, P, NULL, &pg));
+    dt_cp_params p = dt_cp_params_default();
+    p.group = pg, p.impl = impl;
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *q16 = dt_tensor_new(DT_BF16, 3, (int64_t[]){1, Tl, 3 * C});
+    dt_tensor *q32 = dt_tensor_new(DT_F32, 3, (int64_t[]){1, Tl, 3 * C});
+    dt_tensor *w = dt_tensor_new(DT_F32, 3, (int64_t[]){1, Tl, C});
+    TH_CHECK(q16 && q32 && w, "out of memory");
+    for (int64_t i = 0; i < Tl * 3 * C; i++) {
+        const float v = bf16_round(sin(0.7 * (double)(i + rank * 1000)));
+        TH_OK(dt_tensor_set(q16, i, v));
+        TH_OK(dt_tensor_set(q32, i, v));
+    }
+    for (int64_t i = 0; i < Tl * C; i++)
+        TH_OK(dt_tensor_set(w, i, bf16_round(cos((double)(i + rank * 100)))));
+    TH_OK(dt_tensor_set_requires_grad(q16, true));
+    TH_OK(dt_tensor_set_requires_grad(q32, true));
+    dt_tensor *y16 = dt_cp_attention(ctx, &p, q16, (int)H, true), *y32 = dt_cp_attention(ctx, &p, q32, (int)H, true);
+    TH_CHECK(y16 && y32, "dt_cp_attention: %s", dt_last_error());
+    TH_CHECK(y16->dtype == DT_BF16 && y32->dtype == DT_F32, "y's dtypes %s and %s", dt_dtype_name(y16->dtype),
+             dt_dtype_name(y32->dtype));
+    for (int64_t i = 0; i < Tl * C; i++)
+        TH_CHECK(dt_tensor_get(y16, i) == bf16_round(dt_tensor_get(y32, i)), "y[%lld]: %g, f32 %g", (long long)i,
+                 dt_tensor_get(y16, i), dt_tensor_get(y32, i));
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, dt_cast(ctx, y16, DT_F32), w))));
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y32, w))));
+    TH_CHECK(q16->grad && q16->grad->dtype == DT_BF16 && q32->grad, "no bf16 gradient");
+    double most = 0.0;
+    for (int64_t i = 0; i < Tl * 3 * C; i++) {
+        const double g = dt_tensor_get(q32->grad, i);
+        TH_CHECK(dt_tensor_get(q16->grad, i) == bf16_round(g), "dqkv[%lld]: %g, f32 %g", (long long)i,
+                 dt_tensor_get(q16->grad, i), g);
+        most = fabs(g) > most ? fabs(g) : most;
+    }
+    TH_CHECK(most > 0.01, "the gradient is %g at most: the check saw nothing", most);
+    dt_tensor_free(q16), dt_tensor_free(q32), dt_tensor_free(w);
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(attention_bf16_widened)
+{
+    dt_cp_impl impl = DT_CP_RING;
+    ASSERT_EQ_INT(th_run(2, 60.0, body_bf16, &impl, NULL), 0);
+    impl = DT_CP_ULYSSES;
+    ASSERT_EQ_INT(th_run(2, 60.0, body_bf16, &impl, NULL), 0);
+}
+
 TEST(impl_names)
 {
     dt_cp_impl k;
@@ -162,6 +224,7 @@ int main(void)
 {
     RUN(loss_uneven_counts);
     RUN(check_names_the_numbers);
+    RUN(attention_bf16_widened);
     RUN(impl_names);
     RUN(local_rows);
     RUN(rope_at_positions);

@@ -174,9 +174,9 @@ static dt_status attn_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor
     return st < 0 ? dt_error_wrap(st, "context-parallel attention backward") : DT_OK;
 }
 
-/* dt_cp_attention, with causal: also a sliding window and a soft cap */
-static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv, int n_head,
-                               bool causal, int64_t window, float cap)
+/* dt_cp_attention on an f32 qkv, with causal: also a sliding window and a soft cap */
+static dt_tensor *cp_attention_f32(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv, int n_head,
+                                   bool causal, int64_t window, float cap)
 {
     char s[64];
     if (!qkv) {
@@ -186,11 +186,6 @@ static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *
     }
     if (!ctx || !p || !p->group) {
         dt_error(DT_ERR_NULL, "%s: NULL %s", op, !ctx ? "context" : "params or group");
-        return NULL;
-    }
-    if (qkv->dtype != DT_F32) {
-        dt_error(DT_ERR_UNSUPPORTED, "%s: qkv is %s; context-parallel attention runs in f32 (train with an f32 "
-                 "precision policy)", op, dt_dtype_name(qkv->dtype));
         return NULL;
     }
     if (qkv->ndim != 3 || n_head < 1 || qkv->shape[2] % (3 * (int64_t)n_head)) {
@@ -222,6 +217,17 @@ static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *
         return NULL;
     }
     return dt_ag_custom(ctx, 1, &qkv, y, attn_bwd, a);
+}
+
+/* A bf16 or f16 qkv (mixed precision) is widened for the attention and y narrowed back: the exchanges and the
+ * kernels run in f32, the gradient comes back in qkv's dtype (dt_cast's backward) */
+static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv, int n_head,
+                               bool causal, int64_t window, float cap)
+{
+    if (!qkv || qkv->dtype == DT_F32)
+        return cp_attention_f32(ctx, op, p, qkv, n_head, causal, window, cap);
+    dt_tensor *y = cp_attention_f32(ctx, op, p, dt_cast(ctx, qkv, DT_F32), n_head, causal, window, cap);
+    return y ? dt_cast(ctx, y, qkv->dtype) : NULL;
 }
 
 dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal)
