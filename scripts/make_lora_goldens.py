@@ -19,6 +19,23 @@ head, llama3 rope; made by scripts/make_hf_goldens.py).
 LoraConfig: r 4, lora_alpha 8 (scaling 2), targets q_proj, v_proj, o_proj,
 down_proj, dropout 0, task CAUSAL_LM.
 
+  gemma3_mm/  PEFT's adapters on Gemma 3's image-text model
+           (Gemma3ForConditionalGeneration, tests/data/hf/gemma3_mm: gemma3's
+           language model, a 1-layer SigLIP vision tower) with target_modules
+           "all-linear" (r 4, lora_alpha 8): PEFT saves the layers it chose
+           (the language model's q/k/v/o/gate/up/down_proj and the vision
+           tower's q/k/v/out_proj, fc1, fc2) under the modules' names,
+           base_model.model.model.language_model.* and
+           base_model.model.model.vision_tower.*; every lora_B drawn
+           N(0, 0.2) (after torch.manual_seed(7)) so that the adapters move
+           the logits
+  gemma3_mm_ref.safetensors:
+           input_ids [2, 17] (I64, ids below the image tokens 120..122),
+           logits [2, 16, V] of input_ids[:, :16] through the PEFT model
+           (text only: the vision tower does not run), loss [] (their
+           next-token loss against input_ids[:, 1:]), base_logits [2, 16, V]
+           of the model without the adapters
+
 Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
        $PEER_PYTHON scripts/make_lora_goldens.py --check ADAPTER_DIR [tests/data]
 The second form loads adapters another program wrote (dtrain train
@@ -32,7 +49,7 @@ import sys
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import save_file
-from transformers import LlamaForCausalLM
+from transformers import Gemma3ForConditionalGeneration, LlamaForCausalLM
 
 args = [a for a in sys.argv[1:] if a != "--check"]
 check = "--check" in sys.argv[1:]
@@ -85,4 +102,25 @@ for name, t in merged.state_dict().items():
         refs["merged." + name] = t.detach().clone().contiguous()
 save_file(refs, os.path.join(out, "ref.safetensors"))
 print("losses", " ".join(f"{x:.6f}" for x in losses))
+
+# Gemma 3's image-text model: "all-linear" adapters on its language model and its vision tower, drawn non-zero;
+# what the PEFT model computes on text
+mm = Gemma3ForConditionalGeneration.from_pretrained(os.path.join(data, "hf", "gemma3_mm"),
+                                                    torch_dtype=torch.float32).eval()
+ids = torch.randint(0, 120, (2, T + 1), generator=torch.Generator().manual_seed(13))
+with torch.no_grad():
+    base_logits = mm(input_ids=ids[:, :T]).logits.clone()
+torch.manual_seed(7)
+pm = get_peft_model(mm, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0,
+                                   task_type="CAUSAL_LM")).eval()
+with torch.no_grad():
+    for name, p in pm.named_parameters():
+        if "lora_B" in name:
+            p.normal_(0, 0.2)
+    lg = pm(input_ids=ids[:, :T]).logits
+pm.save_pretrained(os.path.join(out, "gemma3_mm"))
+os.remove(os.path.join(out, "gemma3_mm", "README.md"))
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(pm, ids).detach().reshape([]),
+           "base_logits": base_logits.contiguous()}, os.path.join(out, "gemma3_mm_ref.safetensors"))
+print("gemma3_mm: the adapters move the logits by up to", f"{(lg - base_logits).abs().max().item():.4f}")
 print("wrote", out)
