@@ -34,7 +34,9 @@ down_proj, dropout 0, task CAUSAL_LM.
            logits [2, 16, V] of input_ids[:, :16] through the PEFT model
            (text only: the vision tower does not run), loss [] (their
            next-token loss against input_ids[:, 1:]), base_logits [2, 16, V]
-           of the model without the adapters
+           of the model without the adapters, eval []: the PEFT model's mean
+           next-token loss over the 10 17-token windows (T = 16) of
+           tests/data/hf/tokens.bin (what dtrain eval --lora-from prints)
 
 Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
        $PEER_PYTHON scripts/make_lora_goldens.py --check ADAPTER_DIR [tests/data]
@@ -44,6 +46,7 @@ base, checks no key is missing or unexpected, and prints the loss of
 input_ids[0] with them.
 """
 import os
+import struct
 import sys
 
 import torch
@@ -120,7 +123,14 @@ with torch.no_grad():
     lg = pm(input_ids=ids[:, :T]).logits
 pm.save_pretrained(os.path.join(out, "gemma3_mm"))
 os.remove(os.path.join(out, "gemma3_mm", "README.md"))
+with open(os.path.join(data, "hf", "tokens.bin"), "rb") as f:  # llm.c's: 256 int32 of header, then uint16 ids
+    hdr = struct.unpack("<256i", f.read(1024))
+    toks = list(struct.unpack(f"<{hdr[2]}H", f.read(2 * hdr[2])))
+with torch.no_grad():
+    windows = [torch.tensor(toks[w * T:w * T + T + 1]).unsqueeze(0) for w in range((len(toks) - 1) // T)]
+    ev = sum(loss_of(pm, x).item() for x in windows) / len(windows)
 save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(pm, ids).detach().reshape([]),
-           "base_logits": base_logits.contiguous()}, os.path.join(out, "gemma3_mm_ref.safetensors"))
+           "base_logits": base_logits.contiguous(), "eval": torch.tensor(ev, dtype=torch.float32).reshape([])},
+          os.path.join(out, "gemma3_mm_ref.safetensors"))
 print("gemma3_mm: the adapters move the logits by up to", f"{(lg - base_logits).abs().max().item():.4f}")
 print("wrote", out)
