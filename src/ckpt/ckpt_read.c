@@ -21,6 +21,7 @@
  * its last byte has been seen, so on a mismatch the destinations already
  * hold the damaged bytes (the call fails: the caller discards them). */
 #include "base/json_strict.h"
+#include "ckpt/ckpt_view.h"
 #include "ckpt/st_impl.h"
 #include "dtrain/ckpt.h"
 
@@ -263,45 +264,57 @@ static dt_status open_hf(dt_ckpt *ck, const char *ipath)
     return st;
 }
 
-/* An image-text model's directory (Gemma 3's Gemma3ForConditionalGeneration)
- * seen as its language model: the tensors under one of the language model's
- * prefixes (transformers' files: language_model.model., its modules:
- * model.language_model.) renamed to a text model's (model.), its head
- * (language_model.lm_head., or lm_head. as it is) to lm_head., and the rest
- * (the vision tower, the projector) left out of the view. Only for a
- * directory without a model.embed_tokens.weight of its own and with one
- * under such a prefix; the chunks keep the files' keys, so reads are
- * unchanged. Two tensors of one name in the view (a head under both names)
- * are refused. */
-static dt_status language_model_view(dt_ckpt *ck)
+/* The names of Gemma 3's image-text model and its text model (ckpt_view.h):
+ * the language model's (to: the text model's prefix) and the vision
+ * tower's and projector's (to NULL). */
+static const struct {
+    const char *from, *to;
+} mm_names[] = {
+    {"language_model.model.", "model."},     /* transformers' files, transformers 4's modules */
+    {"model.language_model.", "model."},     /* transformers 5's modules (PEFT's keys) */
+    {"language_model.lm_head.", "lm_head."}, /* transformers 4's head */
+    {"lm_head.", "lm_head."},
+    {"vision_tower.", NULL},
+    {"model.vision_tower.", NULL},
+    {"multi_modal_projector.", NULL},
+    {"model.multi_modal_projector.", NULL},
+};
+
+dt__mm_part dt__mm_name(const char *name, const char **to, size_t *skip)
 {
-    static const char *const prefix[2] = {"language_model.model.", "model.language_model."};
-    static const char head[] = "language_model.lm_head.";
-    char name[64];
-    int p = -1;
-    for (int k = 0; k < 2 && p < 0 && dt_ckpt_find(ck, "model.embed_tokens.weight") < 0; k++) {
-        snprintf(name, sizeof name, "%sembed_tokens.weight", prefix[k]);
-        if (dt_ckpt_find(ck, name) >= 0)
-            p = k;
+    for (size_t i = 0; i < sizeof mm_names / sizeof mm_names[0]; i++) {
+        const size_t l = strlen(mm_names[i].from);
+        if (!strncmp(name, mm_names[i].from, l)) {
+            *to = mm_names[i].to;
+            *skip = l;
+            return mm_names[i].to ? DT__MM_LANGUAGE : DT__MM_VISION;
+        }
     }
-    if (p < 0)
-        return DT_OK;
-    const size_t pl = strlen(prefix[p]);
+    return DT__MM_NONE;
+}
+
+dt_status dt__ckpt_rename(dt_ckpt *ck, dt__ckpt_rename_fn fn, void *ud, const char *what)
+{
+    /* every new name first, so that an error leaves ck as it was */
+    char **nn = calloc(ck->nt + 1, sizeof *nn);
+    dt_status st = nn ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
+    for (size_t i = 0; st >= 0 && i < ck->nt; i++)
+        st = fn(ck->t[i].name, ud, &nn[i]);
+    for (size_t i = 0; st >= 0 && i < ck->nt; i++) /* pairwise, as dt_ckpt_find is linear */
+        for (size_t j = 0; nn[i] && st >= 0 && j < i; j++)
+            if (nn[j] && !strcmp(nn[i], nn[j]))
+                st = dt_error(DT_ERR_FORMAT, "%s: %s '%s' is there twice (as '%s' and as '%s')", ck->src, what,
+                              nn[i], ck->t[j].name, ck->t[i].name);
+    if (st < 0) {
+        for (size_t i = 0; nn && i < ck->nt; i++)
+            free(nn[i]);
+        free(nn);
+        return st;
+    }
     size_t kept = 0;
     for (size_t i = 0; i < ck->nt; i++) {
         ctensor *t = &ck->t[i];
-        const bool body = !strncmp(t->name, prefix[p], pl), lm = !strncmp(t->name, head, sizeof head - 1);
-        char *nn = NULL;
-        if (body || lm || !strncmp(t->name, "lm_head.", 8)) {
-            const char *rest = t->name + (body ? pl : lm ? sizeof head - 1 : 8);
-            if (!(nn = malloc(strlen(rest) + 9))) { /* the view so far, then the rest as they are: all freed once */
-                memmove(&ck->t[kept], t, (ck->nt - i) * sizeof *t);
-                ck->nt = kept + (ck->nt - i);
-                return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
-            }
-            sprintf(nn, "%s%s", body ? "model." : "lm_head.", rest);
-        }
-        if (!nn) { /* not the language model's: out of the view */
+        if (!nn[i]) { /* out of the view */
             for (size_t j = 0; j < t->nc; j++)
                 free(t->c[j].key);
             free(t->c);
@@ -309,15 +322,51 @@ static dt_status language_model_view(dt_ckpt *ck)
             continue;
         }
         free(t->name);
-        t->name = nn;
+        t->name = nn[i];
         ck->t[kept++] = *t;
     }
     ck->nt = kept;
-    for (size_t i = 0; i < kept; i++)
-        if (dt_ckpt_find(ck, ck->t[i].name) != (int64_t)i)
-            return dt_error(DT_ERR_FORMAT, "%s: the language model's tensor '%s' is there twice (under two of its "
-                            "names: %s, %s or lm_head.)", ck->src, ck->t[i].name, prefix[p], head);
+    free(nn);
     return DT_OK;
+}
+
+/* The text model's name of an image-text model's language-model tensor;
+ * anything else (the vision tower, the projector) out of the view. */
+static dt_status text_name(const char *name, void *ud, char **out)
+{
+    (void)ud;
+    const char *to;
+    size_t skip;
+    *out = NULL;
+    if (dt__mm_name(name, &to, &skip) != DT__MM_LANGUAGE)
+        return DT_OK;
+    if (!(*out = malloc(strlen(to) + strlen(name + skip) + 1)))
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory renaming '%s'", name);
+    sprintf(*out, "%s%s", to, name + skip);
+    return DT_OK;
+}
+
+/* An image-text model's directory (Gemma 3's Gemma3ForConditionalGeneration)
+ * seen as its language model: the tensors of its language model under the
+ * text model's names (dt__mm_name: transformers' files' language_model.model.,
+ * its modules' model.language_model., the head language_model.lm_head. or
+ * lm_head.), and the rest (the vision tower, the projector) left out of the
+ * view. Only for a directory without a model.embed_tokens.weight of its own
+ * and with one under an image-text name; the chunks keep the files' keys,
+ * so reads are unchanged. Two tensors of one name in the view (a head under
+ * both names) are refused. */
+static dt_status language_model_view(dt_ckpt *ck)
+{
+    bool image_text = false;
+    if (dt_ckpt_find(ck, "model.embed_tokens.weight") >= 0)
+        return DT_OK;
+    for (size_t i = 0; i < ck->nt && !image_text; i++) {
+        const char *to;
+        size_t skip;
+        image_text = dt__mm_name(ck->t[i].name, &to, &skip) == DT__MM_LANGUAGE && !strcmp(to, "model.") &&
+                     !strcmp(ck->t[i].name + skip, "embed_tokens.weight");
+    }
+    return image_text ? dt__ckpt_rename(ck, text_name, NULL, "the language model's tensor") : DT_OK;
 }
 
 static dt_status parse_index(dt_ckpt *ck, const char *ipath, const cJSON *root)

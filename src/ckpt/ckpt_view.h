@@ -1,0 +1,41 @@
+/* src/ckpt/ckpt_view.h — a checkpoint seen under other names, and the one
+ * naming rule between Gemma 3's image-text model and its language model.
+ *
+ * An image-text model (Gemma3ForConditionalGeneration) holds a text model
+ * (Gemma3ForCausalLM) under other names: its model directory reads as the
+ * text model (ckpt_read.c: dt_ckpt_open), renamed with dt__mm_name.
+ *
+ * Layer-internal: ckpt's. Not installed, not for users. */
+#ifndef DTRAIN_CKPT_VIEW_H
+#define DTRAIN_CKPT_VIEW_H
+
+#include "dtrain/ckpt.h"
+
+/* The part of an image-text model a tensor or module name belongs to. */
+typedef enum dt__mm_part {
+    DT__MM_NONE,     /* not an image-text model's name (a text model's: "model.layers.0.mlp...") */
+    DT__MM_LANGUAGE, /* its language model's: the text model has it under another name */
+    DT__MM_VISION,   /* its vision tower's or its multi-modal projector's: the text model has none */
+} dt__mm_part;
+
+/* The part name belongs to; for DT__MM_LANGUAGE the text model's name is
+ * *to followed by name + *skip. The language model's body is under
+ * "language_model.model." (transformers' files; transformers 4's modules)
+ * or "model.language_model." (transformers 5's modules), the text model's
+ * "model."; its head under "language_model.lm_head." (transformers 4) or
+ * "lm_head.", the text model's "lm_head."; the vision tower and the
+ * projector under "vision_tower." / "multi_modal_projector." (files,
+ * transformers 4) or the same under "model." (transformers 5). */
+dt__mm_part dt__mm_name(const char *name, const char **to, size_t *skip);
+
+/* The name a tensor takes in a view: a malloc'd string in *out, or NULL to
+ * leave the tensor out; a negative status stops the renaming. */
+typedef dt_status (*dt__ckpt_rename_fn)(const char *name, void *ud, char **out);
+
+/* Rename (or leave out) every tensor of ck by fn (ckpt_read.c). The chunks
+ * keep their files' keys, so reads are unchanged. Two tensors that take
+ * one name are refused: DT_ERR_FORMAT naming the name (as `what` 'NAME')
+ * and both keys. On an error ck is as it was. */
+dt_status dt__ckpt_rename(dt_ckpt *ck, dt__ckpt_rename_fn fn, void *ud, const char *what);
+
+#endif
