@@ -478,6 +478,8 @@ typedef struct dt_lora_peft_config {
     dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora; targets = target_names */
     char **target_names;    /* target_modules, NULL-terminated (owned: dt_lora_peft_config_free) */
     char base_model[1024];  /* base_model_name_or_path, "" when null */
+    size_t left_out;        /* adapter tensors of an image-text model's vision tower or projector in the file,
+                               which dt_trainer_load_peft leaves out (0 for a text model's adapters) */
 } dt_lora_peft_config;
 /* Read dir/adapter_config.json (PEFT's save_pretrained) into *out: the
  * settings to build the model with (dt_model_build_params.lora =
@@ -490,7 +492,19 @@ typedef struct dt_lora_peft_config {
  * exclude_modules): refused, never dropped. dir/adapter_model.safetensors's
  * header is read too: an adapter whose rank is not r (lora_A [r, in],
  * lora_B [out, r]) is DT_ERR_MISMATCH naming it, before any model is built
- * at that rank; DT_ERR_NOT_FOUND without the file. */
+ * at that rank; DT_ERR_NOT_FOUND without the file.
+ * Adapters trained on Gemma 3's image-text model
+ * (Gemma3ForConditionalGeneration) are its language model's, read as the
+ * text model's (Gemma3ForCausalLM, as dt_ckpt_open reads the image-text
+ * model's directory): the keys "base_model.model.model.language_model.X"
+ * (transformers 5) and "base_model.model.language_model.model.X"
+ * (transformers 4) are "base_model.model.model.X", target_modules written
+ * as such paths likewise; the adapters of its vision tower and projector
+ * ("base_model.model.model.vision_tower.*", which target_modules such as
+ * q_proj or "all-linear" also hit) are left out and counted in
+ * out->left_out. A file whose every adapter is the vision tower's or the
+ * projector's is DT_ERR_UNSUPPORTED naming one; an adapter under both
+ * names DT_ERR_FORMAT naming both keys. */
 DT_API dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out);
 DT_API void dt_lora_peft_config_free(dt_lora_peft_config *c);
 

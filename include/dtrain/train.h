@@ -867,8 +867,12 @@ DT_API dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file);
  * every adapter of the model must be in the file (DT_ERR_NOT_FOUND naming
  * the key) and every key of the file must be an adapter of the model
  * (DT_ERR_NOT_FOUND / DT_ERR_FORMAT naming the file and the key), each in
- * its shape (DT_ERR_SHAPE) and a float dtype. Any strategy (ZeRO: each rank
- * reads its ranges). Collective like dt_trainer_load. */
+ * its shape (DT_ERR_SHAPE) and a float dtype. Adapters of Gemma 3's
+ * image-text model load onto its language model (the keys named as the
+ * text model's, the vision tower's and projector's left out, as
+ * dt_lora_peft_config_read says; the messages name the text model's keys).
+ * Any strategy (ZeRO: each rank reads its ranges). Collective like
+ * dt_trainer_load. */
 DT_API dt_status dt_trainer_load_peft(dt_trainer *tr, const char *dir);
 /* The "user" object (user_json) saved with the checkpoint at path (a checkpoint or a
  * save directory), as JSON in *json (free with dt_trainer_run_state_free).

@@ -3,9 +3,11 @@
  *
  * An image-text model (Gemma3ForConditionalGeneration) holds a text model
  * (Gemma3ForCausalLM) under other names: its model directory reads as the
- * text model (ckpt_read.c: dt_ckpt_open), renamed with dt__mm_name.
+ * text model (ckpt_read.c: dt_ckpt_open), and so do PEFT adapters trained
+ * on it (lora_peft.c: dt__lora_peft_view). Both rename with dt__mm_name.
  *
- * Layer-internal: ckpt's. Not installed, not for users. */
+ * Layer-internal: ckpt's, and train's for the adapters dt_trainer_load_peft
+ * reads. Not installed, not for users. */
 #ifndef DTRAIN_CKPT_VIEW_H
 #define DTRAIN_CKPT_VIEW_H
 
@@ -37,5 +39,15 @@ typedef dt_status (*dt__ckpt_rename_fn)(const char *name, void *ud, char **out);
  * one name are refused: DT_ERR_FORMAT naming the name (as `what` 'NAME')
  * and both keys. On an error ck is as it was. */
 dt_status dt__ckpt_rename(dt_ckpt *ck, dt__ckpt_rename_fn fn, void *ud, const char *what);
+
+/* PEFT's adapter file ck (opened from file, which the messages name) seen
+ * as adapters of the text model (lora_peft.c): the keys of an image-text
+ * model's language model ("base_model.model.model.language_model.X") take
+ * the text model's names ("base_model.model.model.X"), those of its vision
+ * tower and projector are left out and counted in *left_out, other keys
+ * stay as they are. A file whose every adapter is the vision tower's or
+ * the projector's is DT_ERR_UNSUPPORTED naming one; a key under both
+ * names DT_ERR_FORMAT (dt__ckpt_rename). */
+dt_status dt__lora_peft_view(dt_ckpt *ck, const char *file, size_t *left_out);
 
 #endif

@@ -4,6 +4,7 @@
  * adapter name "default" left out, metadata format = pt) and
  * DIR/adapter_config.json, LoraConfig.to_dict() with sorted keys. */
 #include "base/json_strict.h"
+#include "ckpt/ckpt_view.h"
 #include "dtrain/ckpt.h"
 
 #include <cjson/cJSON.h>
@@ -200,27 +201,94 @@ static bool at_default(const cJSON *v)
            (cJSON_IsArray(v) && !v->child) || (cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
 }
 
+/* PEFT's keys of an image-text model's adapters as the text model's
+ * (dt__lora_peft_view): the vision tower's and the projector's counted and
+ * left out, the first of them kept for a message. */
+typedef struct peft_names {
+    size_t vision, kept;
+    char first_vision[512];
+} peft_names;
+
+static dt_status peft_name(const char *name, void *ud, char **out)
+{
+    peft_names *pn = ud;
+    const size_t pl = sizeof PREFIX - 1;
+    const char *to = NULL;
+    size_t skip = 0;
+    const dt__mm_part part = strncmp(name, PREFIX, pl) ? DT__MM_NONE : dt__mm_name(name + pl, &to, &skip);
+    *out = NULL;
+    if (part == DT__MM_VISION && dt_lora_is_adapter(name)) { /* dtrain has no vision tower to put them on */
+        if (pn->vision++ == 0)
+            snprintf(pn->first_vision, sizeof pn->first_vision, "%s", name);
+        return DT_OK;
+    }
+    pn->kept++;
+    const char *rest = part == DT__MM_LANGUAGE ? name + pl + skip : name;
+    if (!(*out = malloc(pl + (to ? strlen(to) : 0) + strlen(rest) + 1)))
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory renaming '%s'", name);
+    if (part == DT__MM_LANGUAGE)
+        sprintf(*out, PREFIX "%s%s", to, rest);
+    else
+        strcpy(*out, name);
+    return DT_OK;
+}
+
+dt_status dt__lora_peft_view(dt_ckpt *ck, const char *file, size_t *left_out)
+{
+    peft_names pn = {0};
+    dt_status st = dt__ckpt_rename(ck, peft_name, &pn, "the LoRA adapter");
+    if (st >= 0 && pn.kept == 0 && pn.vision > 0)
+        st = dt_error(DT_ERR_UNSUPPORTED, "%s: every adapter is on an image-text model's vision tower or "
+                      "multi-modal projector ('%s', %zu tensors): dtrain trains the language model only (target "
+                      "its layers: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)", file,
+                      pn.first_vision, pn.vision);
+    if (left_out)
+        *left_out = st >= 0 ? pn.vision : 0;
+    return st;
+}
+
 /* Every adapter in dir/adapter_model.safetensors at rank r: PEFT's loader
  * would refuse the sizes, and a model built at a wrong rank (r 65536 for
- * weights of 16) could need far more memory than the adapters ever held. */
-static dt_status check_ranks(const char *dir, int64_t r)
+ * weights of 16) could need far more memory than the adapters ever held.
+ * Then the file seen as the text model's adapters (dt__lora_peft_view):
+ * *left_out of an image-text model's vision tower, a vision-only file or
+ * a key under two names refused before any model is built. */
+static dt_status check_adapters(const char *dir, int64_t r, size_t *left_out)
 {
     char file[4200];
     snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
-    dt_st_file *f = NULL;
-    dt_status st = dt_st_open(file, &f);
-    for (size_t i = 0; st >= 0 && i < dt_st_count(f); i++) {
-        const dt_st_tensor *t = dt_st_tensor_at(f, i);
-        size_t n = strlen(t->name);
-        const bool a = n > 14 && !strcmp(t->name + n - 14, ".lora_A.weight"), b = !a && n > 14 &&
-                       !strcmp(t->name + n - 14, ".lora_B.weight");
-        if ((a || b) && (t->ndim != 2 || t->shape[a ? 0 : 1] != r))
+    dt_ckpt *ck = NULL;
+    dt_status st = dt_ckpt_open(file, &ck);
+    for (size_t i = 0; st >= 0 && i < dt_ckpt_num_tensors(ck); i++) {
+        dt_ckpt_tensor t;
+        if ((st = dt_ckpt_tensor_at(ck, i, &t)) < 0)
+            break;
+        const bool a = strlen(t.name) > 14 && !strcmp(t.name + strlen(t.name) - 14, ".lora_A.weight");
+        if (dt_lora_is_adapter(t.name) && (t.ndim != 2 || t.shape[a ? 0 : 1] != r))
             st = dt_error(DT_ERR_MISMATCH, "%s: tensor '%s' is not of rank %lld (\"r\" in adapter_config.json): "
-                          "shape [%lld, %lld]", file, t->name, (long long)r, (long long)t->shape[0],
-                          (long long)(t->ndim > 1 ? t->shape[1] : 0));
+                          "shape [%lld, %lld]", file, t.name, (long long)r, (long long)t.shape[0],
+                          (long long)(t.ndim > 1 ? t.shape[1] : 0));
     }
-    dt_st_close(f);
+    if (st >= 0)
+        st = dt__lora_peft_view(ck, file, left_out);
+    dt_ckpt_close(ck);
     return st;
+}
+
+/* A target_modules entry written as an image-text model's module
+ * ("model.language_model.layers.0.self_attn.q_proj") as the text model's
+ * ("model.layers.0.self_attn.q_proj"), which dtrain's layers are named;
+ * any other as it is. */
+static char *text_target(const char *t)
+{
+    const char *to;
+    size_t skip;
+    if (dt__mm_name(t, &to, &skip) != DT__MM_LANGUAGE)
+        return strdup(t);
+    char *s = malloc(strlen(to) + strlen(t + skip) + 1);
+    if (s)
+        sprintf(s, "%s%s", to, t + skip);
+    return s;
 }
 
 void dt_lora_peft_config_free(dt_lora_peft_config *c)
@@ -298,11 +366,11 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         const cJSON *e = all ? tm : cJSON_GetArrayItem(tm, i);
         if (!cJSON_IsString(e) || !e->valuestring[0])
             st = dt_error(DT_ERR_FORMAT, "%s: \"target_modules\"[%d] is not a layer name", file, i);
-        else if (!(out->target_names[i] = strdup(e->valuestring)))
+        else if (!(out->target_names[i] = text_target(e->valuestring)))
             st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
     }
     if (st >= 0)
-        st = check_ranks(dir, (int64_t)r->valuedouble);
+        st = check_adapters(dir, (int64_t)r->valuedouble, &out->left_out);
     if (st >= 0) {
         out->params.r = (int64_t)r->valuedouble;
         out->params.alpha = (float)al->valuedouble;

@@ -2,6 +2,7 @@
  * every piece this rank steps from the checkpoint's fp32 masters or its
  * widened parameter, the optimizer state unless weights only, then the
  * buffers), and the pieces a rank holds, which saving lists too. */
+#include "ckpt/ckpt_view.h"
 #include "train/train_impl.h"
 #include "train/trainer_ckpt_impl.h"
 #include "train/trainer_ckpt_psgd.h"
@@ -615,6 +616,8 @@ dt_status dt_trainer_load_peft(dt_trainer *tr, const char *dir)
                       file);
     if (st >= 0)
         st = dt_ckpt_open(src, &ck);
+    if (st >= 0) /* an image-text model's adapters as its language model's; its vision tower's left out */
+        st = dt__lora_peft_view(ck, file, NULL);
     if (st >= 0)
         st = peft_keys(dt_trainer_model(tr), ck, file);
     if (st >= 0)

@@ -8,7 +8,14 @@
  *    same keys, shapes, dtypes and config values as PEFT's own files;
  *  - PEFT's trained adapters (after/) load exactly, and the merged export
  *    (dt_hf_save with lora_scaling) equals PEFT's merge_and_unload within
- *    1e-6; without the scaling a LoRA source is refused. */
+ *    1e-6; without the scaling a LoRA source is refused;
+ *  - PEFT's "all-linear" adapters on Gemma 3's image-text model
+ *    (tests/data/lora/gemma3_mm, keys under model.language_model. and
+ *    model.vision_tower.) load onto tests/data/hf/gemma3_mm's language
+ *    model, the vision tower's left out: the PEFT model's logits within
+ *    1e-5 of the largest and its loss within 1e-5 relative; under
+ *    transformers 4's names too; a vision-only file and a key under both
+ *    names refused by name. */
 #include "model_util.h"
 #include "test.h"
 #include "tmp_util.h"
@@ -23,6 +30,7 @@
 #include <stdlib.h>
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/llama"
+#define HF_MM DT_SOURCE_DIR "/tests/data/hf/gemma3_mm"
 #define LORA DT_SOURCE_DIR "/tests/data/lora/"
 
 typedef struct run {
@@ -32,8 +40,8 @@ typedef struct run {
     dt_trainer *tr;
 } run;
 
-/* The base Llama with the adapters of PEFT's directory dir (settings and weights). */
-static int open_run(run *r, const char *dir)
+/* Model directory base with the adapters of PEFT's directory dir (settings and weights). */
+static int open_run_on(run *r, const char *base, const char *dir)
 {
     memset(r, 0, sizeof *r);
     dt_model_config mc = dt_model_config_default();
@@ -43,12 +51,17 @@ static int open_run(run *r, const char *dir)
     if (dt_lora_peft_config_read(dir, &r->pc) < 0)
         return fprintf(stderr, "config: %s\n", dt_last_error()), 1;
     mc.build.lora = &r->pc.params;
-    if (dt_model_create("hf:" HF, 1, &mc, &r->m, &r->d) < 0 || dt_strategy_none_init(&s) < 0 ||
-        dt_trainer_init(r->m, s, &tp, &r->tr) < 0 || dt_trainer_load_weights(r->tr, HF) < 0 ||
+    char hf[600];
+    snprintf(hf, sizeof hf, "hf:%s", base);
+    if (dt_model_create(hf, 1, &mc, &r->m, &r->d) < 0 || dt_strategy_none_init(&s) < 0 ||
+        dt_trainer_init(r->m, s, &tp, &r->tr) < 0 || dt_trainer_load_weights(r->tr, base) < 0 ||
         dt_trainer_load_peft(r->tr, dir) < 0)
         return fprintf(stderr, "%s: %s\n", dir, dt_last_error()), 1;
     return 0;
 }
+
+/* The base Llama with the adapters of PEFT's directory dir. */
+static int open_run(run *r, const char *dir) { return open_run_on(r, HF, dir); }
 
 static void close_run(run *r)
 {
@@ -57,8 +70,9 @@ static void close_run(run *r)
     dt_lora_peft_config_free(&r->pc);
 }
 
-/* The next-token loss of ids [2, 17] (its first 16 against the last 16). */
-static dt_tensor *loss_of(dt_ctx *ctx, run *r, const int64_t *ids, bool grad)
+/* The next-token loss of ids [2, 17] (its first 16 against the last 16);
+ * the logits [2, 16, V] in *logits unless NULL. */
+static dt_tensor *loss_logits(dt_ctx *ctx, run *r, const int64_t *ids, bool grad, dt_tensor **logits)
 {
     int64_t *x = dt_ctx_alloc(ctx, 32 * sizeof *x), *y = dt_ctx_alloc(ctx, 32 * sizeof *y);
     for (int b = 0; b < 2; b++)
@@ -67,7 +81,15 @@ static dt_tensor *loss_of(dt_ctx *ctx, run *r, const int64_t *ids, bool grad)
     dt_ag_set_enabled(ctx, grad);
     dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_I64, 2, (int64_t[]){2, 16});
     dt_tensor *yt = dt_tensor_view_of(ctx, y, DT_I64, 2, (int64_t[]){2, 16});
-    return dt_model_desc_loss(ctx, &r->d, dt_model_forward(ctx, r->m, xt), yt);
+    dt_tensor *lg = dt_model_forward(ctx, r->m, xt);
+    if (logits)
+        *logits = lg;
+    return dt_model_desc_loss(ctx, &r->d, lg, yt);
+}
+
+static dt_tensor *loss_of(dt_ctx *ctx, run *r, const int64_t *ids, bool grad)
+{
+    return loss_logits(ctx, r, ids, grad, NULL);
 }
 
 /* max |model tensor - file tensor| / max |file tensor| over every adapter of
@@ -382,12 +404,215 @@ TEST(all_linear)
     }
 }
 
+/* Every adapter of m against PEFT's file of an image-text model (keys
+ * "base_model.model." + lm + the name past the text model's "model."):
+ * how many are equal; -1 on a missing one. */
+static int image_text_adapters_equal(const dt_model *m, const char *file, const char *lm)
+{
+    dt_st_file *f = NULL;
+    if (dt_st_open(file, &f) < 0)
+        return -1;
+    int n = 0;
+    for (size_t i = 0; n >= 0 && i < dt_model_num_entries(m); i++) {
+        dt_param_info p;
+        dt_model_entry(m, i, &p);
+        if (!dt_lora_is_adapter(p.name))
+            continue;
+        char key[600];
+        snprintf(key, sizeof key, "base_model.model.%s%s", lm, p.name + strlen("model."));
+        const dt_st_tensor *t = dt_st_find(f, key);
+        float *v = t && t->numel == p.numel ? malloc(p.numel * sizeof *v) : NULL;
+        bool same = v && dt_st_read(f, t, 0, p.numel * sizeof *v, v) >= 0;
+        for (size_t k = 0; same && k < p.numel; k++)
+            same = dt_tensor_get(p.tensor, (int64_t)k) == v[k];
+        free(v);
+        n = same ? n + 1 : -1;
+        if (!same)
+            fprintf(stderr, "  '%s' is not as the file's '%s'\n", p.name, key);
+    }
+    dt_st_close(f);
+    return n;
+}
+
+/* file with the tensors of src renamed: each key's prefix from[k] as to[k] (the first that applies) */
+static void renamed_copy(const char *src, const char *file, const char *const *from, const char *const *to, int nr)
+{
+    dt_st_file *f = NULL;
+    ASSERT_OK(dt_st_open(src, &f));
+    const size_t n = f ? dt_st_count(f) : 0;
+    dt_st_desc *d = calloc(n + 1, sizeof *d);
+    char **names = calloc(n + 1, sizeof *names);
+    ASSERT(d && names);
+    for (size_t i = 0; d && names && i < n; i++) {
+        const dt_st_tensor *t = dt_st_tensor_at(f, i);
+        int k = 0;
+        while (k < nr && strncmp(t->name, from[k], strlen(from[k])))
+            k++;
+        names[i] = malloc(strlen(t->name) + 100);
+        if (k < nr)
+            sprintf(names[i], "%s%s", to[k], t->name + strlen(from[k]));
+        else
+            strcpy(names[i], t->name);
+        d[i] = (dt_st_desc){.name = names[i], .dtype = t->dtype, .ndim = t->ndim};
+        memcpy(d[i].shape, t->shape, sizeof t->shape);
+    }
+    dt_st_writer *w = NULL;
+    ASSERT_OK(dt_st_writer_open(file, d, n, NULL, 0, &w));
+    for (size_t i = 0; w && i < n; i++) {
+        const dt_st_tensor *t = dt_st_tensor_at(f, i);
+        void *buf = malloc(t->numel * 4 + 1);
+        ASSERT_OK(dt_st_read(f, t, 0, t->numel * 4, buf));
+        ASSERT_OK(dt_st_writer_write(w, i, buf, t->numel * 4));
+        free(buf);
+    }
+    ASSERT_OK(dt_st_writer_commit(w, NULL));
+    dt_st_writer_close(w);
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+    free(d);
+    dt_st_close(f);
+}
+
+/* PEFT's "all-linear" adapters on Gemma 3's image-text model: its language model's load onto the text model
+ * dtrain reads from the image-text directory, the vision tower's (18 tensors: q/k/v/out_proj, fc1, fc2 and the
+ * pooling head's out_proj, fc1, fc2) are left out, and the logits are the PEFT model's; the same file under
+ * transformers 4's module names (language_model.model., vision_tower.vision_model.) loads the same. */
+TEST(image_text_adapters)
+{
+    size_t nid = 0, nl = 0, nb = 0, n1 = 0;
+    int64_t *ids = t_read_tensor(LORA "gemma3_mm_ref.safetensors", "input_ids", &nid);
+    float *want = t_read_tensor(LORA "gemma3_mm_ref.safetensors", "logits", &nl);
+    float *base = t_read_tensor(LORA "gemma3_mm_ref.safetensors", "base_logits", &nb);
+    float *wl = t_read_tensor(LORA "gemma3_mm_ref.safetensors", "loss", &n1);
+    ASSERT(ids && want && base && wl && nid == 34 && nl == 2 * 16 * 128 && nb == nl && n1 == 1);
+    run r;
+    ASSERT_EQ_INT(open_run_on(&r, HF_MM, LORA "gemma3_mm"), 0);
+    ASSERT_EQ_U64(r.pc.left_out, 18);
+    ASSERT(r.pc.params.r == 4 && r.pc.params.alpha == 8.0f);
+    /* 4 layers x (q, k, v, o, gate, up, down) x (A, B), each as PEFT saved it */
+    ASSERT_EQ_INT(image_text_adapters_equal(r.m, LORA "gemma3_mm/adapter_model.safetensors", "model.language_model."),
+                  56);
+    dt_model_train(r.m, false);
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *lg = NULL, *loss = loss_logits(ctx, &r, ids, false, &lg);
+    ASSERT(loss && lg && dt_tensor_numel(lg) == (int64_t)nl);
+    double mx = 0, ref = 0, moved = 0;
+    for (size_t k = 0; lg && k < nl; k++) {
+        mx = fmax(mx, fabs(dt_tensor_get(lg, (int64_t)k) - want[k]));
+        ref = fmax(ref, fabs((double)want[k]));
+        moved = fmax(moved, fabs((double)want[k] - base[k]));
+    }
+    const double l = loss ? dt_tensor_get(loss, 0) : NAN;
+    fprintf(stderr, "  gemma3_mm + PEFT adapters: logits max error %.3g of the largest (the adapters move them by "
+            "up to %.3g); loss %.8f, PEFT %.8f\n", mx / ref, moved, l, (double)wl[0]);
+    ASSERT(mx <= 1e-5 * ref);
+    ASSERT(moved > 0.5); /* the adapters matter */
+    ASSERT_NEAR(l, wl[0], 0, 1e-5);
+    dt_ctx_free(ctx);
+    close_run(&r);
+
+    /* transformers 4's names: the language model under language_model.model., the vision tower at the top */
+    char d[400], f[500], cmd[1200];
+    snprintf(d, sizeof d, "%s/mm_v4", t_tmpdir("lora_peft"));
+    ASSERT_EQ_INT(mkdir(d, 0755), 0);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/'", LORA "gemma3_mm/adapter_config.json", d);
+    ASSERT_EQ_INT(system(cmd), 0);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", d);
+    renamed_copy(LORA "gemma3_mm/adapter_model.safetensors", f,
+                 (const char *const[]){"base_model.model.model.language_model.", "base_model.model.model.vision_tower."},
+                 (const char *const[]){"base_model.model.language_model.model.",
+                                       "base_model.model.vision_tower.vision_model."}, 2);
+    ASSERT_EQ_INT(open_run_on(&r, HF_MM, d), 0);
+    ASSERT_EQ_U64(r.pc.left_out, 18);
+    ASSERT_EQ_INT(image_text_adapters_equal(r.m, f, "language_model.model."), 56);
+    close_run(&r);
+    free(ids);
+    free(want);
+    free(base);
+    free(wl);
+}
+
+/* dir/adapter_model.safetensors holding the n tensors keys (f32 zeros of shapes), and an adapter_config.json of
+ * r 4 over targets */
+static void write_adapters(const char *dir, const char *targets, const char *const *keys,
+                           const int64_t (*shapes)[2], int n)
+{
+    char f[500], js[600];
+    snprintf(f, sizeof f, "%s/adapter_config.json", dir);
+    snprintf(js, sizeof js, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [%s]}",
+             targets);
+    ASSERT_OK(dt_file_write_atomic(f, js, strlen(js), 0644));
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", dir);
+    dt_st_desc d[4];
+    for (int i = 0; i < n; i++)
+        d[i] = (dt_st_desc){.name = keys[i], .dtype = DT_ST_F32, .ndim = 2, .shape = {shapes[i][0], shapes[i][1]}};
+    dt_st_writer *w = NULL;
+    ASSERT_OK(dt_st_writer_open(f, d, (size_t)n, NULL, 0, &w));
+    static float z[64 * 4];
+    for (int i = 0; w && i < n; i++)
+        ASSERT_OK(dt_st_writer_write(w, (size_t)i, z, (size_t)(shapes[i][0] * shapes[i][1]) * 4));
+    ASSERT_OK(dt_st_writer_commit(w, NULL));
+    dt_st_writer_close(w);
+}
+
+/* An image-text model's adapters dtrain cannot use: every one on the vision tower (PEFT targets fc1, out_proj
+ * hit nothing else), or one adapter under the text model's and the image-text model's names; refused by
+ * dt_lora_peft_config_read and by dt_trainer_load_peft, naming the problem and the keys. */
+TEST(image_text_adapters_refused)
+{
+    char d[400];
+    snprintf(d, sizeof d, "%s/mm_bad", t_tmpdir("lora_peft"));
+    ASSERT_EQ_INT(mkdir(d, 0755), 0);
+    run r;
+    ASSERT_EQ_INT(open_run_on(&r, HF_MM, LORA "gemma3_mm"), 0);
+    static const char vis[] = "base_model.model.model.vision_tower.encoder.layers.0.mlp.fc1.lora_A.weight";
+    write_adapters(d, "\"fc1\"", (const char *const[]){vis, "base_model.model.model.vision_tower.encoder.layers.0."
+                                                            "mlp.fc1.lora_B.weight"},
+                   (const int64_t[][2]){{4, 16}, {32, 4}}, 2);
+    dt_lora_peft_config pc;
+    ASSERT_STATUS(dt_lora_peft_config_read(d, &pc), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "vision tower");
+    ASSERT_STR_CONTAINS(dt_last_error(), vis);
+    ASSERT_STATUS(dt_trainer_load_peft(r.tr, d), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "language model only");
+    /* one adapter under two names: transformers 5's and the text model's, transformers 4's and 5's */
+    const char *twice[][2] = {
+        {"base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight",
+         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"},
+        {"base_model.model.language_model.model.layers.0.self_attn.q_proj.lora_A.weight",
+         "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"},
+    };
+    for (int i = 0; i < 2; i++) {
+        write_adapters(d, "\"q_proj\"", twice[i], (const int64_t[][2]){{4, 32}, {4, 32}}, 2);
+        ASSERT_STATUS(dt_lora_peft_config_read(d, &pc), DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), "is there twice");
+        ASSERT_STR_CONTAINS(dt_last_error(), twice[i][0]);
+        ASSERT_STR_CONTAINS(dt_last_error(), twice[i][1]);
+        ASSERT_STATUS(dt_trainer_load_peft(r.tr, d), DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), "is there twice");
+    }
+    /* a target written as the image-text model's module reads as the text model's */
+    write_adapters(d, "\"model.language_model.layers.0.self_attn.q_proj\"",
+                   (const char *const[]){twice[0][0], "base_model.model.model.language_model.layers.0.self_attn."
+                                                      "q_proj.lora_B.weight"},
+                   (const int64_t[][2]){{4, 32}, {64, 4}}, 2);
+    ASSERT_OK(dt_lora_peft_config_read(d, &pc));
+    ASSERT_STR_EQ(pc.target_names[0], "model.layers.0.self_attn.q_proj");
+    ASSERT_EQ_U64(pc.left_out, 0);
+    dt_lora_peft_config_free(&pc);
+    close_run(&r);
+}
+
 int main(void)
 {
     RUN(train_parity);
     RUN(all_linear);
     RUN(merged_export);
     RUN(bad_adapters);
+    RUN(image_text_adapters);
+    RUN(image_text_adapters_refused);
     t_rm_rf(t_tmpdir("lora_peft"));
     return TEST_REPORT();
 }
