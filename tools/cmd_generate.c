@@ -492,6 +492,9 @@ int dt_cmd_generate(int argc, char **argv)
             return ls == DT_ERR_NO_MEMORY ? 1 : 2;
         }
         cfg.build.lora = &peft.params;
+        if (peft.left_out) /* an image-text model's: this model has no vision tower */
+            dt__cli_err("dtrain generate: note: --lora-from %s: %zu adapter tensors of an image-text model's vision "
+                        "tower or projector left out (the language model's load)\n", lora_from, peft.left_out);
     }
     dt_error_clear();
     char hftok[4200]; /* --prompt with an hf:DIR model: DIR/tokenizer.json unless told another */

@@ -106,6 +106,9 @@ int dt__tr_lora_from(dt__train_run *t)
         return 0;
     if (dt_lora_peft_config_read(t->o.lora_from, &t->peft) < 0)
         return dt__tr_fail(dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2, "--lora-from");
+    if (t->peft.left_out && dt__ddp_is_main(&t->ddp)) /* an image-text model's: this model has no vision tower */
+        dt__cli_err("dtrain train: note: --lora-from %s: %zu adapter tensors of an image-text model's vision tower "
+                    "or projector left out (the language model's load)\n", t->o.lora_from, t->peft.left_out);
     size_t n = 1;
     for (char **s = t->peft.target_names; *s; s++)
         n += strlen(*s) + 1;

@@ -1078,6 +1078,98 @@ TEST(generate_lora_from)
     ASSERT(r.out[0] == 0);
 }
 
+/* dir/adapter_model.safetensors of the two f32 zero tensors keys [shape0], [shape1], and adapter_config.json
+ * (r 4, target_modules [targets]) */
+static void write_adapters(const char *dir, const char *targets, const char *const keys[2],
+                           const int64_t shapes[2][2])
+{
+    char f[600], js[400];
+    ASSERT(mkdir(dir, 0755) == 0 || errno == EEXIST);
+    snprintf(f, sizeof f, "%s/adapter_config.json", dir);
+    snprintf(js, sizeof js, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [%s]}",
+             targets);
+    ASSERT_OK(dt_file_write_atomic(f, js, strlen(js), 0644));
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", dir);
+    dt_st_desc d[2];
+    for (int i = 0; i < 2; i++)
+        d[i] = (dt_st_desc){.name = keys[i], .dtype = DT_ST_F32, .ndim = 2, .shape = {shapes[i][0], shapes[i][1]}};
+    dt_st_writer *w = NULL;
+    static float z[64 * 4];
+    ASSERT_OK(dt_st_writer_open(f, d, 2, NULL, 0, &w));
+    for (int i = 0; w && i < 2; i++)
+        ASSERT_OK(dt_st_writer_write(w, (size_t)i, z, (size_t)(shapes[i][0] * shapes[i][1]) * 4));
+    ASSERT_OK(dt_st_writer_commit(w, NULL));
+    dt_st_writer_close(w);
+}
+
+/* --lora-from DIR of PEFT's adapters on Gemma 3's image-text model (tests/data/lora/gemma3_mm, "all-linear":
+ * the language model's and the vision tower's, scripts/make_lora_goldens.py): eval of the hf: image-text
+ * directory gives the PEFT model's loss within 1e-5, saying the vision tower's were left out; a LoRA run from
+ * them saves its adapters under the text model's names; adapters only on the vision tower, or one under two
+ * names, exit 2 naming the problem. */
+TEST(gemma3_image_text_lora_from)
+{
+    cli_result r;
+    static const char lora[] = DT_SOURCE_DIR "/tests/data/lora/gemma3_mm";
+    dt_st_file *f = NULL;
+    float want = NAN;
+    ASSERT_OK(dt_st_open(DT_SOURCE_DIR "/tests/data/lora/gemma3_mm_ref.safetensors", &f));
+    const dt_st_tensor *t = f ? dt_st_find(f, "eval") : NULL;
+    ASSERT(t && dt_st_read(f, t, 0, 4, &want) >= 0);
+    dt_st_close(f);
+    cli_runv(&r, 120, NULL,
+             (char *[]){"eval", "--model", "hf:" HF "gemma3_mm", "--lora-from", (char *)lora, "--data",
+                        "tokens:" HF "tokens.bin", "--batch", "4", "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  gemma3_mm --lora-from: dtrain %.9g, PEFT %.9g (the base %.9g)\n", json_loss(r.out),
+            (double)want, ref_loss("gemma3_mm"));
+    ASSERT_NEAR(json_loss(r.out), want, 0, 1e-5);
+    ASSERT(fabs(want - ref_loss("gemma3_mm")) > 0.05); /* the adapters matter */
+    ASSERT_STR_CONTAINS(r.err, "18 adapter tensors of an image-text model's vision tower");
+    /* a LoRA run from them: --save-lora writes the language model's, named as the text model's */
+    char *ad = cli_path("mm_adapters"), file[600];
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "hf:" HF "gemma3_mm", "--lora-from", (char *)lora, "--data",
+                        "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2", "--max-steps", "2", "--lr",
+                        "0.01", "--progress", "none", "--no-eval", "--save-lora", ad, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", ad);
+    ASSERT_OK(dt_st_open(file, &f));
+    ASSERT(f && dt_st_count(f) == 56); /* 4 layers x 7 layers x (A, B) */
+    ASSERT(f && dt_st_find(f, "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight") != NULL);
+    for (size_t i = 0; f && i < dt_st_count(f); i++)
+        ASSERT(!strstr(dt_st_tensor_at(f, i)->name, "language_model") && !strstr(dt_st_tensor_at(f, i)->name,
+                                                                                  "vision"));
+    dt_st_close(f);
+    /* adapters dtrain cannot use */
+    char *bad = cli_path("mm_bad_adapters");
+    static const char vis[] = "base_model.model.model.vision_tower.encoder.layers.0.mlp.fc1.lora_A.weight";
+    const struct {
+        const char *targets, *keys[2], *want;
+        int64_t shapes[2][2];
+    } c[] = {
+        {"\"fc1\"", {vis, "base_model.model.model.vision_tower.encoder.layers.0.mlp.fc1.lora_B.weight"},
+         "every adapter is on an image-text model's vision tower", {{4, 16}, {32, 4}}},
+        {"\"q_proj\"", {"base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight",
+                        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"},
+         "is there twice", {{4, 32}, {4, 32}}},
+    };
+    for (int i = 0; i < 2; i++) {
+        write_adapters(bad, c[i].targets, c[i].keys, c[i].shapes);
+        cli_runv(&r, 60, NULL,
+                 (char *[]){"eval", "--model", "hf:" HF "gemma3_mm", "--lora-from", bad, "--data",
+                            "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "--lora-from");
+        ASSERT_STR_CONTAINS(r.err, c[i].want);
+        ASSERT_STR_CONTAINS(r.err, c[i].keys[0]);
+        ASSERT(r.out[0] == 0);
+        gen_ids(&r, "hf:" HF "gemma3_mm", (char *[]){"--lora-from", bad, NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, c[i].want);
+    }
+}
+
 /* A model directory as the Hugging Face hub cache holds it (snapshots/REV/NAME -> ../../blobs/HASH) loads
  * where it lies, as from_pretrained(cache_dir=...) does; a symlink elsewhere is still refused. */
 TEST(hub_cache_layout)
@@ -1133,6 +1225,7 @@ int main(void)
     RUN(generate_sliding_window);
     RUN(generate_stream);
     RUN(generate_lora_from);
+    RUN(gemma3_image_text_lora_from);
     RUN(hub_cache_layout);
     cli_cleanup();
     return TEST_REPORT();
