@@ -283,8 +283,8 @@ static void write_st(const char *dir, const char *const *names, int n)
 
 /* An image-text model's directory reads as its language model (dt_ckpt_open): transformers' file (gemma3_mm:
  * language_model.model.*) names gemma3's tensors with gemma3's values and nothing of the vision tower; the
- * modules' names (model.language_model.*, a top-level lm_head) too; a head under two names refused; a directory
- * with a model.embed_tokens.weight of its own is read as it is. */
+ * modules' names (model.language_model.*, a top-level lm_head) too; a head or a body under two names refused; a
+ * directory with a model.embed_tokens.weight of its own is read as it is. */
 TEST(image_text_dir_reads_as_language_model)
 {
     dt_ckpt *a = NULL, *b = NULL;
@@ -319,6 +319,13 @@ TEST(image_text_dir_reads_as_language_model)
                                         "lm_head.weight"}, 3);
     ASSERT_STATUS(dt_ckpt_open(dir, &a), DT_ERR_FORMAT);
     ASSERT_STR_CONTAINS(dt_last_error(), "'lm_head.weight' is there twice");
+    /* the body under both of the image-text model's names (files' and modules'): refused, naming both keys */
+    write_st(dir, (const char *const[]){"language_model.model.embed_tokens.weight",
+                                        "model.language_model.embed_tokens.weight"}, 2);
+    ASSERT_STATUS(dt_ckpt_open(dir, &a), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "'model.embed_tokens.weight' is there twice (as "
+                                         "'language_model.model.embed_tokens.weight' and as "
+                                         "'model.language_model.embed_tokens.weight')");
     write_st(dir, (const char *const[]){"model.embed_tokens.weight", "language_model.model.embed_tokens.weight"}, 2);
     ASSERT_OK(dt_ckpt_open(dir, &a));
     ASSERT_EQ_INT((int)dt_ckpt_num_tensors(a), 2);
