@@ -38,6 +38,15 @@ down_proj, dropout 0, task CAUSAL_LM.
            next-token loss over the 10 17-token windows (T = 16) of
            tests/data/hf/tokens.bin (what dtrain eval --lora-from prints)
 
+  gemma3_mm_regex/  PEFT's adapters on the same image-text model with
+           target_modules a regular expression, TARGET_RE below (layers 1
+           and 3's q_proj and down_proj of the language model: PEFT
+           matches it against each module's whole name), r 4, lora_alpha
+           8, every lora_B drawn N(0, 0.2) (after torch.manual_seed(17))
+  gemma3_mm_regex_ref.safetensors:
+           input_ids, logits and base_logits as gemma3_mm_ref's, with these
+           adapters
+
 Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
        $PEER_PYTHON scripts/make_lora_goldens.py --check ADAPTER_DIR [tests/data]
 The second form loads adapters another program wrote (dtrain train
@@ -133,4 +142,23 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "base_logits": base_logits.contiguous(), "eval": torch.tensor(ev, dtype=torch.float32).reshape([])},
           os.path.join(out, "gemma3_mm_ref.safetensors"))
 print("gemma3_mm: the adapters move the logits by up to", f"{(lg - base_logits).abs().max().item():.4f}")
+
+# target_modules as a regular expression: the language model's layers 1 and 3, two kinds of layer each
+TARGET_RE = r".*language_model.*layers\.[13]\.(self_attn\.q_proj|mlp\.down_proj)"
+mm = Gemma3ForConditionalGeneration.from_pretrained(os.path.join(data, "hf", "gemma3_mm"),
+                                                    torch_dtype=torch.float32).eval()
+torch.manual_seed(17)
+pm = get_peft_model(mm, LoraConfig(r=4, lora_alpha=8, target_modules=TARGET_RE, lora_dropout=0.0,
+                                   task_type="CAUSAL_LM")).eval()
+with torch.no_grad():
+    for name, p in pm.named_parameters():
+        if "lora_B" in name:
+            p.normal_(0, 0.2)
+    lg = pm(input_ids=ids[:, :T]).logits
+pm.save_pretrained(os.path.join(out, "gemma3_mm_regex"))
+os.remove(os.path.join(out, "gemma3_mm_regex", "README.md"))
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "base_logits": base_logits.contiguous()},
+          os.path.join(out, "gemma3_mm_regex_ref.safetensors"))
+print("gemma3_mm_regex:", sum(1 for k in pm.state_dict() if "lora_" in k), "adapter tensors; they move the logits "
+      "by up to", f"{(lg - base_logits).abs().max().item():.4f}")
 print("wrote", out)

@@ -484,15 +484,24 @@ typedef struct dt_lora_peft_config {
 /* Read dir/adapter_config.json (PEFT's save_pretrained) into *out: the
  * settings to build the model with (dt_model_build_params.lora =
  * &out->params) before dt_trainer_load_peft (train.h) loads the weights.
+ * target_modules: a list of layer names (PEFT's list matching), the string
+ * "all-linear" (read as {"all-linear"}), or another string: PEFT's regular
+ * expression that a layer's whole name matches (re.fullmatch), for which
+ * target_names are the layers the file holds adapters of (full names: the
+ * layers the pattern chose when PEFT built its model), each adapter's layer
+ * checked against the pattern (DT_ERR_MISMATCH naming it otherwise; the
+ * pattern in dtrain's tokenizer.json regex dialect: a construct it lacks,
+ * such as a backreference or a lookbehind, is DT_ERR_UNSUPPORTED naming the
+ * position).
  * Errors name the file and the key: DT_ERR_NOT_FOUND without the file,
  * DT_ERR_FORMAT for a malformed value, DT_ERR_UNSUPPORTED for what dtrain's
- * adapters do not express (peft_type other than LORA, target_modules as a
- * regular expression (the string "all-linear" is read as {"all-linear"}), DoRA, bias other than "none", lora_bias,
- * modules_to_save, layers_to_transform, rank/alpha patterns,
- * exclude_modules): refused, never dropped. dir/adapter_model.safetensors's
- * header is read too: an adapter whose rank is not r (lora_A [r, in],
- * lora_B [out, r]) is DT_ERR_MISMATCH naming it, before any model is built
- * at that rank; DT_ERR_NOT_FOUND without the file.
+ * adapters do not express (peft_type other than LORA, DoRA, bias other than
+ * "none", lora_bias, modules_to_save, layers_to_transform, rank/alpha
+ * patterns, exclude_modules): refused, never dropped.
+ * dir/adapter_model.safetensors's header is read too: an adapter whose rank
+ * is not r (lora_A [r, in], lora_B [out, r]) is DT_ERR_MISMATCH naming it,
+ * before any model is built at that rank; DT_ERR_NOT_FOUND without the
+ * file.
  * Adapters trained on Gemma 3's image-text model
  * (Gemma3ForConditionalGeneration) are its language model's, read as the
  * text model's (Gemma3ForCausalLM, as dt_ckpt_open reads the image-text

@@ -5,6 +5,7 @@
  * DIR/adapter_config.json, LoraConfig.to_dict() with sorted keys. */
 #include "base/json_strict.h"
 #include "ckpt/ckpt_view.h"
+#include "data/tok_regex.h"
 #include "dtrain/ckpt.h"
 
 #include <cjson/cJSON.h>
@@ -247,30 +248,97 @@ dt_status dt__lora_peft_view(dt_ckpt *ck, const char *file, size_t *left_out)
     return st;
 }
 
+/* The layer an adapter key of PEFT's names ("base_model.model." LAYER ".lora_A.weight" or ".lora_B.weight") into
+ * layer (n bytes); false for any other key. */
+static bool adapter_layer(const char *key, char *layer, size_t n)
+{
+    const size_t pl = sizeof PREFIX - 1, l = strlen(key), sl = sizeof ".lora_A.weight" - 1;
+    if (!dt_lora_is_adapter(key) || strncmp(key, PREFIX, pl) || l <= pl + sl || l - pl - sl >= n)
+        return false;
+    memcpy(layer, key + pl, l - pl - sl);
+    layer[l - pl - sl] = '\0';
+    return true;
+}
+
+/* PEFT's target_modules as a string: a regular expression a layer's whole name must match (re.fullmatch), compiled
+ * as \A(?:pattern)\z. A leading ^ and a trailing unescaped $ are dropped: under a whole-name match they match where
+ * the anchors do (this engine has neither). The pattern is compiled alone first, so that an error's offset is the
+ * pattern's own. */
+static dt_status target_regex(const char *file, const char *pat, dt__re **out)
+{
+    size_t n = strlen(pat), a = pat[0] == '^', bs = 0;
+    while (n > a + 1 + bs && pat[n - 2 - bs] == '\\')
+        bs++;
+    const size_t z = n > a && pat[n - 1] == '$' && bs % 2 == 0; /* "\\$" ends in an escaped backslash, then $ */
+    char what[4300], *p = malloc(n + 16);
+    if (!p)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    snprintf(what, sizeof what, "%s: \"target_modules\" (a regular expression over layer names%s)", file,
+             a ? "; offsets after its leading ^" : "");
+    snprintf(p, n + 16, "%.*s", (int)(n - a - z), pat + a);
+    dt_status st = dt__re_compile(p, what, out);
+    dt__re_free(*out);
+    *out = NULL;
+    snprintf(p, n + 16, "\\A(?:%.*s)\\z", (int)(n - a - z), pat + a);
+    if (st >= 0)
+        st = dt__re_compile(p, what, out);
+    free(p);
+    return st;
+}
+
 /* Every adapter in dir/adapter_model.safetensors at rank r: PEFT's loader
  * would refuse the sizes, and a model built at a wrong rank (r 65536 for
  * weights of 16) could need far more memory than the adapters ever held.
+ * With re (target_modules as a regular expression): every adapter's layer,
+ * in the file's names, matches it whole, and *targets (malloc'd,
+ * NULL-terminated) is the adapted layers under dtrain's names, in the
+ * file's order: the layers the pattern chose when PEFT built the model.
  * Then the file seen as the text model's adapters (dt__lora_peft_view):
  * *left_out of an image-text model's vision tower, a vision-only file or
  * a key under two names refused before any model is built. */
-static dt_status check_adapters(const char *dir, int64_t r, size_t *left_out)
+static dt_status check_adapters(const char *dir, int64_t r, size_t *left_out, const dt__re *re, const char *pat,
+                                char ***targets)
 {
-    char file[4200];
+    char file[4200], layer[1024];
     snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
     dt_ckpt *ck = NULL;
+    dt__re_scratch sc = {0};
     dt_status st = dt_ckpt_open(file, &ck);
     for (size_t i = 0; st >= 0 && i < dt_ckpt_num_tensors(ck); i++) {
         dt_ckpt_tensor t;
         if ((st = dt_ckpt_tensor_at(ck, i, &t)) < 0)
             break;
         const bool a = strlen(t.name) > 14 && !strcmp(t.name + strlen(t.name) - 14, ".lora_A.weight");
+        size_t ms, me;
+        int m = 1;
         if (dt_lora_is_adapter(t.name) && (t.ndim != 2 || t.shape[a ? 0 : 1] != r))
             st = dt_error(DT_ERR_MISMATCH, "%s: tensor '%s' is not of rank %lld (\"r\" in adapter_config.json): "
                           "shape [%lld, %lld]", file, t.name, (long long)r, (long long)t.shape[0],
                           (long long)(t.ndim > 1 ? t.shape[1] : 0));
+        else if (re && adapter_layer(t.name, layer, sizeof layer) &&
+                 (m = dt__re_search(re, &sc, (const unsigned char *)layer, strlen(layer), 0, &ms, &me)) <= 0)
+            st = m < 0 ? dt_error(DT_ERR_NO_MEMORY, "%s: out of memory matching target_modules", file)
+                       : dt_error(DT_ERR_MISMATCH, "%s: adapter '%s' is on layer '%s', which \"target_modules\" "
+                                  "(\"%s\" in adapter_config.json) does not match: the file and its config disagree",
+                                  file, t.name, layer, pat);
     }
+    dt__re_scratch_free(&sc);
     if (st >= 0)
         st = dt__lora_peft_view(ck, file, left_out);
+    /* the adapted layers under dtrain's names: one a lora_A */
+    const size_t nt = re && st >= 0 ? dt_ckpt_num_tensors(ck) : 0;
+    size_t k = 0;
+    if (re && st >= 0 && !(*targets = calloc(nt + 1, sizeof **targets)))
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    for (size_t i = 0; st >= 0 && i < nt; i++) {
+        dt_ckpt_tensor t;
+        const size_t l = (st = dt_ckpt_tensor_at(ck, i, &t)) >= 0 ? strlen(t.name) : 0;
+        if (l > 14 && !strcmp(t.name + l - 14, ".lora_A.weight") && adapter_layer(t.name, layer, sizeof layer) &&
+            !((*targets)[k++] = strdup(layer)))
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    }
+    if (re && st >= 0 && k == 0)
+        st = dt_error(DT_ERR_FORMAT, "%s: no LoRA adapter (no key ending in .lora_A.weight)", file);
     dt_ckpt_close(ck);
     return st;
 }
@@ -354,13 +422,14 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     if (st >= 0 && rs && !cJSON_IsBool(rs))
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", file);
     const bool all = cJSON_IsString(tm) && !strcmp(tm->valuestring, "all-linear"); /* a hand-written config's */
+    dt__re *re = NULL; /* target_modules as a regular expression: the layers are the file's */
     if (st >= 0 && cJSON_IsString(tm) && !all)
-        st = bad_key(file, "target_modules", "is a string (PEFT: a regular expression over module names): dtrain "
-                     "loads a list of layer names, or \"all-linear\"");
+        st = target_regex(file, tm->valuestring, &re);
     else if (st >= 0 && !all && (!cJSON_IsArray(tm) || !tm->child))
-        st = dt_error(DT_ERR_FORMAT, "%s: \"target_modules\" must be a non-empty list of layer names", file);
-    int n = st >= 0 ? (all ? 1 : cJSON_GetArraySize(tm)) : 0;
-    if (st >= 0 && !(out->target_names = calloc((size_t)n + 1, sizeof *out->target_names)))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"target_modules\" must be a non-empty list of layer names, \"all-linear\" "
+                      "or a regular expression", file);
+    int n = st >= 0 && !re ? (all ? 1 : cJSON_GetArraySize(tm)) : 0;
+    if (st >= 0 && !re && !(out->target_names = calloc((size_t)n + 1, sizeof *out->target_names)))
         st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
     for (int i = 0; st >= 0 && i < n; i++) {
         const cJSON *e = all ? tm : cJSON_GetArrayItem(tm, i);
@@ -370,7 +439,9 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
             st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
     }
     if (st >= 0)
-        st = check_adapters(dir, (int64_t)r->valuedouble, &out->left_out);
+        st = check_adapters(dir, (int64_t)r->valuedouble, &out->left_out, re, re ? tm->valuestring : NULL,
+                            &out->target_names);
+    dt__re_free(re);
     if (st >= 0) {
         out->params.r = (int64_t)r->valuedouble;
         out->params.alpha = (float)al->valuedouble;

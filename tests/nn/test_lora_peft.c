@@ -300,7 +300,10 @@ TEST(bad_adapters)
     snprintf(f, sizeof f, "%s/adapter_config.json", d);
     const char *bad[][2] = {
         {"{\"peft_type\": \"IA3\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}", "peft_type"},
-        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \".*proj\"}", "target_modules"},
+        /* target_modules as a regular expression: one this engine refuses (a lookbehind), one malformed */
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"(?<=x)q_proj\"}",
+         "target_modules"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"(q_proj\"}", "target_modules"},
         {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}", "\"r\""},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": true}",
          "use_dora"},
@@ -605,6 +608,84 @@ TEST(image_text_adapters_refused)
     close_run(&r);
 }
 
+/* target_modules as PEFT's regular expression (tests/data/lora/gemma3_mm_regex: the language model's layers 1 and
+ * 3, q_proj and down_proj, on the image-text model): the layers adapted are the file's, under the text model's
+ * names; PEFT's logits within 1e-5 of the largest; the pattern with ^ and $ reads the same; a pattern that does not
+ * match one of the file's adapters whole is refused naming it. */
+TEST(regex_target_modules)
+{
+    size_t nid = 0, nl = 0, nb = 0;
+    int64_t *ids = t_read_tensor(LORA "gemma3_mm_regex_ref.safetensors", "input_ids", &nid);
+    float *want = t_read_tensor(LORA "gemma3_mm_regex_ref.safetensors", "logits", &nl);
+    float *base = t_read_tensor(LORA "gemma3_mm_regex_ref.safetensors", "base_logits", &nb);
+    ASSERT(ids && want && base && nid == 34 && nl == 2 * 16 * 128 && nb == nl);
+    run r;
+    ASSERT_EQ_INT(open_run_on(&r, HF_MM, LORA "gemma3_mm_regex"), 0);
+    ASSERT_EQ_U64(r.pc.left_out, 0);
+    static const char *const layers[4] = {"model.layers.1.self_attn.q_proj", "model.layers.1.mlp.down_proj",
+                                          "model.layers.3.self_attn.q_proj", "model.layers.3.mlp.down_proj"};
+    size_t nt = 0;
+    for (; r.pc.target_names[nt]; nt++) {
+        bool known = false;
+        for (int k = 0; k < 4; k++)
+            known = known || !strcmp(r.pc.target_names[nt], layers[k]);
+        ASSERT(known);
+    }
+    ASSERT_EQ_U64(nt, 4);
+    ASSERT_EQ_INT(image_text_adapters_equal(r.m, LORA "gemma3_mm_regex/adapter_model.safetensors",
+                                            "model.language_model."), 8);
+    dt_model_train(r.m, false);
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *lg = NULL, *loss = loss_logits(ctx, &r, ids, false, &lg);
+    ASSERT(loss && lg && dt_tensor_numel(lg) == (int64_t)nl);
+    double mx = 0, ref = 0, moved = 0;
+    for (size_t k = 0; lg && k < nl; k++) {
+        mx = fmax(mx, fabs(dt_tensor_get(lg, (int64_t)k) - want[k]));
+        ref = fmax(ref, fabs((double)want[k]));
+        moved = fmax(moved, fabs((double)want[k] - base[k]));
+    }
+    fprintf(stderr, "  gemma3_mm + PEFT adapters on a regex's layers: logits max error %.3g of the largest (the "
+            "adapters move them by up to %.3g)\n", mx / ref, moved);
+    ASSERT(mx <= 1e-5 * ref);
+    ASSERT(moved > 0.5);
+    dt_ctx_free(ctx);
+    close_run(&r);
+
+    /* the same adapters under other configs: ^pattern$ reads the same; layer 1 only misses layer 3's adapters */
+    char d[400], f[500], cmd[1200];
+    snprintf(d, sizeof d, "%s/regex", t_tmpdir("lora_peft"));
+    ASSERT_EQ_INT(mkdir(d, 0755), 0);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/'", LORA "gemma3_mm_regex/adapter_model.safetensors", d);
+    ASSERT_EQ_INT(system(cmd), 0);
+    snprintf(f, sizeof f, "%s/adapter_config.json", d);
+    static const char *const cfgs[3] = {
+        "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
+        "\"^.*language_model.*layers\\\\.[13]\\\\.(self_attn\\\\.q_proj|mlp\\\\.down_proj)$\"}",
+        "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
+        "\".*language_model.*layers\\\\.1\\\\.(self_attn\\\\.q_proj|mlp\\\\.down_proj)\"}",
+        /* found inside every q_proj's name, but a whole name it is not (PEFT: re.fullmatch) */
+        "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"self_attn\\\\.q_proj\"}",
+    };
+    dt_lora_peft_config pc;
+    ASSERT_OK(dt_file_write_atomic(f, cfgs[0], strlen(cfgs[0]), 0644));
+    ASSERT_OK(dt_lora_peft_config_read(d, &pc));
+    for (nt = 0; pc.target_names[nt]; nt++)
+        ;
+    ASSERT_EQ_U64(nt, 4);
+    dt_lora_peft_config_free(&pc);
+    ASSERT_OK(dt_file_write_atomic(f, cfgs[1], strlen(cfgs[1]), 0644));
+    ASSERT_STATUS(dt_lora_peft_config_read(d, &pc), DT_ERR_MISMATCH);
+    ASSERT_STR_CONTAINS(dt_last_error(), "layer 'model.language_model.layers.3.");
+    ASSERT_STR_CONTAINS(dt_last_error(), "does not match");
+    ASSERT_OK(dt_file_write_atomic(f, cfgs[2], strlen(cfgs[2]), 0644));
+    ASSERT_STATUS(dt_lora_peft_config_read(d, &pc), DT_ERR_MISMATCH);
+    ASSERT_STR_CONTAINS(dt_last_error(), "(\"self_attn\\.q_proj\" in adapter_config.json) does not match");
+    free(ids);
+    free(want);
+    free(base);
+}
+
 int main(void)
 {
     RUN(train_parity);
@@ -613,6 +694,7 @@ int main(void)
     RUN(bad_adapters);
     RUN(image_text_adapters);
     RUN(image_text_adapters_refused);
+    RUN(regex_target_modules);
     t_rm_rf(t_tmpdir("lora_peft"));
     return TEST_REPORT();
 }

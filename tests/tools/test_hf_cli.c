@@ -256,6 +256,18 @@ static void cp_matches_one(const char *name, const char *seq, const char *impl)
     parallel_matches_one(name, seq, tag, (char *const[]){"--cp", "2", "--cp-impl", (char *)impl, NULL});
 }
 
+/* The text of a small file (a config.json the CLI wrote) into text (n bytes, cut there); fails the test without it */
+static void read_text(const char *path, char *text, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    text[0] = 0;
+    ASSERT(f);
+    if (f) {
+        text[fread(text, 1, n - 1, f)] = 0;
+        fclose(f);
+    }
+}
+
 /* Mistral's sliding window (16 of 64 positions) and Gemma 2's (its even layers): a longer --seq runs through the
  * sliding-window attention: eval of tokens.bin's five 32-token windows gives transformers 5.25's mean loss of them
  * (computed once by hand, AutoModelForCausalLM, torch 2.15, CPU: 4.86210794 and 5.39986715); the default --seq is
@@ -287,11 +299,8 @@ TEST(mistral_sliding_window)
                         "--batch", "2", "--max-steps", "2", "--progress", "none", "--save-hf", out, NULL});
     ASSERT_EQ_INT(r.code, 0);
     snprintf(cfg, sizeof cfg, "%s/config.json", out);
-    FILE *f = fopen(cfg, "r");
-    char text[4096] = "";
-    ASSERT(f);
-    text[fread(text, 1, sizeof text - 1, f)] = 0;
-    fclose(f);
+    char text[4096];
+    read_text(cfg, text, sizeof text);
     ASSERT_STR_CONTAINS(text, "\"sliding_window\":\t16");
     cp_matches_one("mistral", "32", "ring");
     cp_matches_one("mistral", "32", "ulysses");
@@ -316,11 +325,8 @@ static void save_hf_and_parallel(const char *name, const char *const *want, bool
     const double v = cli_out_value(r.out, "val loss: ");
     snprintf(m, sizeof m, "hf:%s", out);
     snprintf(cfg, sizeof cfg, "%s/config.json", out);
-    FILE *f = fopen(cfg, "r");
-    char text[4096] = "";
-    ASSERT(f);
-    text[fread(text, 1, sizeof text - 1, f)] = 0;
-    fclose(f);
+    char text[4096];
+    read_text(cfg, text, sizeof text);
     for (int i = 0; want[i]; i++)
         ASSERT_STR_CONTAINS(text, want[i]);
     cli_runv(&r, 60, NULL,
@@ -581,10 +587,7 @@ TEST(yarn_save_hf)
     ASSERT_EQ_INT(r.code, 0);
     const double v = cli_out_value(r.out, "val loss: ");
     snprintf(cfg, sizeof cfg, "%s/config.json", out);
-    FILE *f = fopen(cfg, "r");
-    ASSERT(f);
-    text[fread(text, 1, sizeof text - 1, f)] = 0;
-    fclose(f);
+    read_text(cfg, text, sizeof text);
     const char *want[] = {"\"rope_type\":\t\"yarn\"", "\"factor\":\t4", "\"beta_fast\":\t2", "\"beta_slow\":\t0.5",
                           "\"truncate\":\tfalse", "\"original_max_position_embeddings\":\t16"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
@@ -1106,7 +1109,9 @@ static void write_adapters(const char *dir, const char *targets, const char *con
  * the language model's and the vision tower's, scripts/make_lora_goldens.py): eval of the hf: image-text
  * directory gives the PEFT model's loss within 1e-5, saying the vision tower's were left out; a LoRA run from
  * them saves its adapters under the text model's names; adapters only on the vision tower, or one under two
- * names, exit 2 naming the problem. */
+ * names, exit 2 naming the problem. With target_modules a regular expression (tests/data/lora/gemma3_mm_regex:
+ * layers 1 and 3's q_proj and down_proj) a LoRA run adapts the file's layers and --save-lora lists their full
+ * names; a pattern with a construct the regex dialect lacks exits 2 naming it and where it is. */
 TEST(gemma3_image_text_lora_from)
 {
     cli_result r;
@@ -1168,6 +1173,34 @@ TEST(gemma3_image_text_lora_from)
         ASSERT_EQ_INT(r.code, 2);
         ASSERT_STR_CONTAINS(r.err, c[i].want);
     }
+    /* target_modules as PEFT's regular expression */
+    char *rx = cli_path("mm_regex_adapters"), cfg[600];
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "hf:" HF "gemma3_mm", "--lora-from",
+                        DT_SOURCE_DIR "/tests/data/lora/gemma3_mm_regex", "--data", "tokens:" HF "tokens.bin", "--seq",
+                        "16", "--batch", "2", "--max-steps", "2", "--lr", "0.01", "--progress", "none", "--no-eval",
+                        "--save-lora", rx, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", rx);
+    ASSERT_OK(dt_st_open(file, &f));
+    ASSERT(f && dt_st_count(f) == 8); /* 2 layers x 2 kinds x (A, B) */
+    ASSERT(f && dt_st_find(f, "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight") != NULL);
+    dt_st_close(f);
+    snprintf(file, sizeof file, "%s/adapter_config.json", rx);
+    char js[4096];
+    read_text(file, js, sizeof js);
+    ASSERT_STR_CONTAINS(js, "\"model.layers.1.self_attn.q_proj\"");
+    ASSERT_STR_CONTAINS(js, "\"model.layers.3.mlp.down_proj\"");
+    ASSERT(!strstr(js, "model.layers.0.") && !strstr(js, "model.layers.2."));
+    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", bad);
+    static const char lookbehind[] = "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
+                                     "\"(?<=x)q_proj\"}";
+    ASSERT_OK(dt_file_write_atomic(cfg, lookbehind, strlen(lookbehind), 0644));
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", "hf:" HF "gemma3_mm", "--lora-from", bad, "--data", "tokens:" HF "tokens.bin",
+                        "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "\"target_modules\" (a regular expression over layer names): regex error at offset 2");
 }
 
 /* A model directory as the Hugging Face hub cache holds it (snapshots/REV/NAME -> ../../blobs/HASH) loads
