@@ -3,7 +3,7 @@ Llama-2 (SentencePiece-style) decoder that tests/data/test_tokenizer_json.c
 reads (reference only, never a build or test dependency; the small files
 are committed). Needs a Python with `tokenizers` (and numpy):
 
-    $PEER_PYTHON tests/data/gen_normalizer_golden.py
+    $PEER_PYTHON tests/data/gen_normalizer_golden.py [NAME...]
 
 Into tests/data/tokenizer/ (bible.txt and unicode.txt are
 gen_tokenizer_golden.py's):
@@ -18,12 +18,21 @@ gen_tokenizer_golden.py's):
                (ids 0-2 <unk> <s> </s>, 3-258 <0x00>..<0xFF>), decoder
                Sequence[Replace "▁" -> " ", ByteFallback, Fuse, Strip " " 1 0],
                TemplateProcessing "<s> $A"
+  gemma.json   Gemma style (as transformers' GemmaConverter writes Gemma
+               1, 2 and 3's): normalizer Replace " " -> "▁" (no Prepend),
+               pre-tokenizer Split(" ", MergedWithPrevious), BPE with
+               byte_fallback, fuse_unk and unk <unk> (ids 0-3 <pad> <eos>
+               <bos> <unk>, 4-259 <0x00>..<0xFF>), added special tokens
+               <start_of_turn> and <end_of_turn> (as Gemma's; the texts hold
+               none), decoder Sequence[Replace "▁" -> " ", ByteFallback,
+               Fuse] (no Strip), TemplateProcessing "<bos> $A"
   NAME.TEXT.ids      the library's ids, encode(text, add_special_tokens=False)
   NAME.TEXT.dec      the library's decode of those ids (the normalized text,
                      for llama2 with the byte-fallback runs made of valid UTF-8)
 ids files are little-endian uint32."""
 import json
 import os
+import sys
 
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -96,10 +105,44 @@ def llama2(text):
     return tok
 
 
-def main():
+def gemma(text):
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"], limit_alphabet=60,
+                             show_progress=False)
+    tok.train_from_iterator(text.splitlines(), trainer=tr)
+    j = json.loads(tok.to_str())
+    old = j["model"]["vocab"]
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for t, _ in sorted(old.items(), key=lambda kv: kv[1]):
+        if t not in vocab:
+            vocab[t] = len(vocab)
+    specials = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
+    vocab["<start_of_turn>"], vocab["<end_of_turn>"] = len(vocab), len(vocab) + 1
+    j["model"]["vocab"] = vocab
+    j["added_tokens"] = [{"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for s in specials]
+    j["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                          "invert": False}
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    return tok
+
+
+MAKERS = (("qwen2", qwen2), ("nfkc", nfkc), ("nfd", nfd), ("llama2", llama2), ("gemma", gemma))
+
+
+def main(only):
     train = read("bible.txt")
     texts = {"bible": train, "unicode": read("unicode.txt")}
-    for name, make in (("qwen2", qwen2), ("nfkc", nfkc), ("nfd", nfd), ("llama2", llama2)):
+    for name, make in MAKERS:
+        if only and name not in only:
+            continue
         tok = make(train)
         tok.save(os.path.join(HERE, name + ".json"))
         tok = Tokenizer.from_file(os.path.join(HERE, name + ".json"))
@@ -113,4 +156,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])  # names of MAKERS to write (default: every one)

@@ -96,10 +96,11 @@ TEST(golden_ids)
     ASSERT_EQ_INT(check_golden("llama3", "unicode", true, false), 0);
 }
 
-/* Normalizers (NFC, NFKC + Lowercase + Strip, NFD + Replace) and the
- * Llama-2 style file (Prepend/Replace normalizer, byte fallback, the
- * Replace/ByteFallback/Fuse/Strip decoder): ids and decoded text equal to
- * the library's (tests/data/gen_normalizer_golden.py). */
+/* Normalizers (NFC, NFKC + Lowercase + Strip, NFD + Replace), the Llama-2
+ * style file (Prepend/Replace normalizer, byte fallback, the
+ * Replace/ByteFallback/Fuse/Strip decoder) and the Gemma style one (Replace
+ * alone, a Split(" ") pre-tokenizer, no Strip in the decoder): ids and
+ * decoded text equal to the library's (tests/data/gen_normalizer_golden.py). */
 static int check_norm_golden(const char *name, const char *text)
 {
     char f[256];
@@ -151,8 +152,8 @@ static int check_norm_golden(const char *name, const char *text)
 
 TEST(normalizers_golden)
 {
-    static const char *names[] = {"qwen2", "nfkc", "nfd", "llama2"};
-    for (int i = 0; i < 4; i++) {
+    static const char *names[] = {"qwen2", "nfkc", "nfd", "llama2", "gemma"};
+    for (int i = 0; i < 5; i++) {
         ASSERT_EQ_INT(check_norm_golden(names[i], "bible"), 0);
         ASSERT_EQ_INT(check_norm_golden(names[i], "unicode"), 0);
     }
