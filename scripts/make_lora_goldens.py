@@ -115,50 +115,49 @@ for name, t in merged.state_dict().items():
 save_file(refs, os.path.join(out, "ref.safetensors"))
 print("losses", " ".join(f"{x:.6f}" for x in losses))
 
-# Gemma 3's image-text model: "all-linear" adapters on its language model and its vision tower, drawn non-zero;
-# what the PEFT model computes on text
-mm = Gemma3ForConditionalGeneration.from_pretrained(os.path.join(data, "hf", "gemma3_mm"),
-                                                    torch_dtype=torch.float32).eval()
-ids = torch.randint(0, 120, (2, T + 1), generator=torch.Generator().manual_seed(13))
+# Gemma 3's image-text model: adapters on target_modules, every lora_B drawn N(0, 0.2) after
+# torch.manual_seed(seed) so that they move the logits; saved to out/name; the PEFT model and its logits on
+# input_ids[:, :T] (text only: the vision tower does not run)
+mm_ids = torch.randint(0, 120, (2, T + 1), generator=torch.Generator().manual_seed(13))
+
+
+def mm_adapters(name, target_modules, seed):
+    mm = Gemma3ForConditionalGeneration.from_pretrained(os.path.join(data, "hf", "gemma3_mm"),
+                                                        torch_dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    pm = get_peft_model(mm, LoraConfig(r=4, lora_alpha=8, target_modules=target_modules, lora_dropout=0.0,
+                                       task_type="CAUSAL_LM")).eval()
+    with torch.no_grad():
+        for pname, p in pm.named_parameters():
+            if "lora_B" in pname:
+                p.normal_(0, 0.2)
+        lg = pm(input_ids=mm_ids[:, :T]).logits
+    pm.save_pretrained(os.path.join(out, name))
+    os.remove(os.path.join(out, name, "README.md"))
+    print(name + ":", sum(1 for k in pm.state_dict() if "lora_" in k), "adapter tensors; they move the logits by "
+          "up to", f"{(lg - base_logits).abs().max().item():.4f}")
+    return pm, lg
+
+
 with torch.no_grad():
-    base_logits = mm(input_ids=ids[:, :T]).logits.clone()
-torch.manual_seed(7)
-pm = get_peft_model(mm, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0,
-                                   task_type="CAUSAL_LM")).eval()
-with torch.no_grad():
-    for name, p in pm.named_parameters():
-        if "lora_B" in name:
-            p.normal_(0, 0.2)
-    lg = pm(input_ids=ids[:, :T]).logits
-pm.save_pretrained(os.path.join(out, "gemma3_mm"))
-os.remove(os.path.join(out, "gemma3_mm", "README.md"))
+    base_logits = Gemma3ForConditionalGeneration.from_pretrained(
+        os.path.join(data, "hf", "gemma3_mm"), torch_dtype=torch.float32).eval()(input_ids=mm_ids[:, :T]).logits
+
+# "all-linear": the language model's layers and the vision tower's
+pm, lg = mm_adapters("gemma3_mm", "all-linear", 7)
 with open(os.path.join(data, "hf", "tokens.bin"), "rb") as f:  # llm.c's: 256 int32 of header, then uint16 ids
     hdr = struct.unpack("<256i", f.read(1024))
     toks = list(struct.unpack(f"<{hdr[2]}H", f.read(2 * hdr[2])))
 with torch.no_grad():
     windows = [torch.tensor(toks[w * T:w * T + T + 1]).unsqueeze(0) for w in range((len(toks) - 1) // T)]
     ev = sum(loss_of(pm, x).item() for x in windows) / len(windows)
-save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(pm, ids).detach().reshape([]),
+save_file({"input_ids": mm_ids.clone(), "logits": lg.contiguous(), "loss": loss_of(pm, mm_ids).detach().reshape([]),
            "base_logits": base_logits.contiguous(), "eval": torch.tensor(ev, dtype=torch.float32).reshape([])},
           os.path.join(out, "gemma3_mm_ref.safetensors"))
-print("gemma3_mm: the adapters move the logits by up to", f"{(lg - base_logits).abs().max().item():.4f}")
 
 # target_modules as a regular expression: the language model's layers 1 and 3, two kinds of layer each
 TARGET_RE = r".*language_model.*layers\.[13]\.(self_attn\.q_proj|mlp\.down_proj)"
-mm = Gemma3ForConditionalGeneration.from_pretrained(os.path.join(data, "hf", "gemma3_mm"),
-                                                    torch_dtype=torch.float32).eval()
-torch.manual_seed(17)
-pm = get_peft_model(mm, LoraConfig(r=4, lora_alpha=8, target_modules=TARGET_RE, lora_dropout=0.0,
-                                   task_type="CAUSAL_LM")).eval()
-with torch.no_grad():
-    for name, p in pm.named_parameters():
-        if "lora_B" in name:
-            p.normal_(0, 0.2)
-    lg = pm(input_ids=ids[:, :T]).logits
-pm.save_pretrained(os.path.join(out, "gemma3_mm_regex"))
-os.remove(os.path.join(out, "gemma3_mm_regex", "README.md"))
-save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "base_logits": base_logits.contiguous()},
+pm, lg = mm_adapters("gemma3_mm_regex", TARGET_RE, 17)
+save_file({"input_ids": mm_ids.clone(), "logits": lg.contiguous(), "base_logits": base_logits.contiguous()},
           os.path.join(out, "gemma3_mm_regex_ref.safetensors"))
-print("gemma3_mm_regex:", sum(1 for k in pm.state_dict() if "lora_" in k), "adapter tensors; they move the logits "
-      "by up to", f"{(lg - base_logits).abs().max().item():.4f}")
 print("wrote", out)

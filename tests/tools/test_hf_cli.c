@@ -12,6 +12,7 @@
 // dt-test-timeout: 300
 #include "dtrain/ckpt.h"
 #include "test.h"
+#include "peft_files.h"
 #include "tools/train_cli.h"
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
@@ -1081,30 +1082,6 @@ TEST(generate_lora_from)
     ASSERT(r.out[0] == 0);
 }
 
-/* dir/adapter_model.safetensors of the two f32 zero tensors keys [shape0], [shape1], and adapter_config.json
- * (r 4, target_modules [targets]) */
-static void write_adapters(const char *dir, const char *targets, const char *const keys[2],
-                           const int64_t shapes[2][2])
-{
-    char f[600], js[400];
-    ASSERT(mkdir(dir, 0755) == 0 || errno == EEXIST);
-    snprintf(f, sizeof f, "%s/adapter_config.json", dir);
-    snprintf(js, sizeof js, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [%s]}",
-             targets);
-    ASSERT_OK(dt_file_write_atomic(f, js, strlen(js), 0644));
-    snprintf(f, sizeof f, "%s/adapter_model.safetensors", dir);
-    dt_st_desc d[2];
-    for (int i = 0; i < 2; i++)
-        d[i] = (dt_st_desc){.name = keys[i], .dtype = DT_ST_F32, .ndim = 2, .shape = {shapes[i][0], shapes[i][1]}};
-    dt_st_writer *w = NULL;
-    static float z[64 * 4];
-    ASSERT_OK(dt_st_writer_open(f, d, 2, NULL, 0, &w));
-    for (int i = 0; w && i < 2; i++)
-        ASSERT_OK(dt_st_writer_write(w, (size_t)i, z, (size_t)(shapes[i][0] * shapes[i][1]) * 4));
-    ASSERT_OK(dt_st_writer_commit(w, NULL));
-    dt_st_writer_close(w);
-}
-
 /* --lora-from DIR of PEFT's adapters on Gemma 3's image-text model (tests/data/lora/gemma3_mm, "all-linear":
  * the language model's and the vision tower's, scripts/make_lora_goldens.py): eval of the hf: image-text
  * directory gives the PEFT model's loss within 1e-5, saying the vision tower's were left out; a LoRA run from
@@ -1160,7 +1137,7 @@ TEST(gemma3_image_text_lora_from)
          "is there twice", {{4, 32}, {4, 32}}},
     };
     for (int i = 0; i < 2; i++) {
-        write_adapters(bad, c[i].targets, c[i].keys, c[i].shapes);
+        t_write_adapters(bad, c[i].targets, c[i].keys, c[i].shapes, 2);
         cli_runv(&r, 60, NULL,
                  (char *[]){"eval", "--model", "hf:" HF "gemma3_mm", "--lora-from", bad, "--data",
                             "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
