@@ -205,7 +205,11 @@ done:
  * backward sums their gradients over the group, as Megatron's all-reduce of
  * the sequence-parallel parameters' gradients does. The embedding output is
  * split after the embedding (dt_tp_sp_scatter), and the final layer norm's
- * output gathered for the vocabulary-parallel head, which then takes no f. */
+ * output gathered for the vocabulary-parallel head, which then takes no f.
+ * The residual and MLP dropouts act on the rank's chunk with its part of
+ * the whole sequence's masks (drop_forward: dt_dropout_at); the embedding's
+ * acts before the split and the attention's on the rank's heads of the
+ * gathered sequence, as without. */
 
 /* The group when m runs sequence-parallel: the group of tensor-parallel
  * module `of`. */
@@ -233,6 +237,21 @@ static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
     return dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1)));
 }
 
+/* A dropout module on x; under sequence parallelism x holds the rank's chunk of the sequence (rows [r T/t, (r+1)
+ * T/t) of tp rank r), which draws its part of the whole sequence's mask (dt_dropout_at), as one process does */
+static dt_tensor *drop_forward(dt_ctx *ctx, dt_module *drop, dt_tensor *x, dt_pg *sp)
+{
+    if (!sp || !x || !dt_module_is_training(drop) || cfg(drop).p == 0.0f)
+        return dt_module_forward(ctx, drop, x);
+    const int64_t R = x->shape[1], r0 = dt_pg_rank(sp) * R;
+    int64_t *pos = dt_ctx_alloc(ctx, (size_t)R * sizeof *pos);
+    if (!pos)
+        return NULL;
+    for (int64_t r = 0; r < R; r++)
+        pos[r] = r0 + r;
+    return dt_dropout_at(ctx, x, cfg(drop).p, true, dt_module_dropout_key(drop), pos, R * dt_pg_size(sp));
+}
+
 /* self's config k = n_head (this rank's) */
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
@@ -254,7 +273,7 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                       : dt_attention_heads(ctx, qkv, heads, h0, heads * t, true, cfg(drop).p,
                                            dt_module_is_training(drop), key);
     y = sp ? row_sp(ctx, child(self, "c_proj"), y, sp) : dt_module_forward(ctx, child(self, "c_proj"), y);
-    return dt_module_forward(ctx, child(self, "resid_dropout"), y);
+    return drop_forward(ctx, child(self, "resid_dropout"), y, sp);
 }
 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
@@ -267,7 +286,7 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
         x = dt_tp_sp_gather(ctx, sp, x, 1);
         h = dt_bias_gelu_tanh(ctx, dt_addmm(ctx, x, dt_module_param(fc, 0), NULL), dt_module_param(fc, 1));
         h = row_sp(ctx, child(self, "c_proj"), h, sp);
-        return dt_module_forward(ctx, child(self, "dropout"), h);
+        return drop_forward(ctx, child(self, "dropout"), h, sp);
     }
     if (dt_module_tree_plain(fc)) { /* nothing observes c_fc alone: fuse its bias into the GELU */
         dt_pg *tp = dt_tp_module_group(fc); /* column-parallel: its input goes through f */
@@ -543,10 +562,6 @@ static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp, const
     if (cp && sp)
         return dt_error(DT_ERR_UNSUPPORTED, "gpt2: context parallelism with tensor parallelism's sequence "
                         "parallelism is not supported yet (use one of the two)");
-    if (sp && g->dropout > 0.0f)
-        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with sequence parallelism is not supported yet (the "
-                        "residual and MLP dropouts would draw their masks over the rank's tokens, not the "
-                        "single-process run's)", (double)g->dropout);
     if (tp && g->n_head >= 1 && g->n_head % dt_pg_size(tp))
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_head %lld is not divisible by the tensor-parallel size %d (each "
                         "rank computes whole heads)", (long long)g->n_head, dt_pg_size(tp));

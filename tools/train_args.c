@@ -223,7 +223,7 @@ static const opt_def opts[] = {
     {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
      "GPT-2 models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
      "tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by N, "
-     "no dropout)"},
+     "dropout's masks the single-process ones)"},
     {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",
      "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "
      "the same batch and keep their part of the positions; attention runs over the group (--cp-impl), the rest "

@@ -258,6 +258,15 @@ DT_API dt_tensor *dt_gelu_tanh(dt_ctx *ctx, dt_tensor *x);
  * call site and step, e.g. dt_rng_key_make(seed, DT_RNG_DROPOUT, layer, step)
  * (recomputation under dt_ag_checkpoint then sees the same mask). */
 DT_API dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key);
+/* dt_dropout of some rows of a sequence with the whole sequence's mask: x
+ * [B, R, ...] holds rows at positions pos[r] (R entries, read during the
+ * call; each in [0, T)) of a [B, T, ...] tensor, and each element gets the
+ * mask dt_dropout would give it there (the whole tensor's row-major index).
+ * A rank that holds part of a sequence (tensor parallelism's sequence
+ * parallelism, context parallelism's chunks) so drops what one process
+ * would drop. */
+DT_API dt_tensor *dt_dropout_at(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key,
+                                const int64_t *pos, int64_t T);
 
 /* ---- matmul and layers --------------------------------------------------------- */
 

@@ -148,8 +148,9 @@ typedef struct dt_model_config {
     bool sequence_parallel;       /* GPT-2 with tp: sequence parallelism (tp.h; Korthikanti et al.):
                                      layer norms and residuals on the rank's T/t tokens, all-gather
                                      and reduce-scatter in place of f and g; the same values as
-                                     without. Needs seq divisible by the group size and dropout 0
-                                     (else DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED); ignored
+                                     without (dropout too: a rank's tokens draw their part of
+                                     the masks, dt_dropout_at). Needs seq divisible by the
+                                     group size (else DT_ERR_INVALID_ARG); ignored
                                      without tp (or a group of one) and by the MLP. Default
                                      false */
     dt_cp_params cp;              /* context parallelism (cp.h) over cp.group (borrowed; must outlive

@@ -496,3 +496,79 @@ dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_
         return dt_scale(ctx, x, 0.0f);
     return unary(ctx, op, U_DROPOUT, x, p, &key);
 }
+
+/* dt_dropout_at: p, the key, and where the rows' elements sit in the whole sequence's mask */
+typedef struct {
+    float p;
+    dt_rng_key key;
+    int64_t B, R, T, E; /* x [B, R, ...]: E values a row, rows at pos[r] of T */
+    int64_t *pos;       /* R entries (a copy in the context's arena) */
+} dropout_at_saved;
+
+/* Every row of x (or of its gradient) through the dropout kernel with the whole sequence's offsets; y may be x. */
+static dt_status dropout_rows(const dropout_at_saved *a, const float *x, float *y, bool bwd)
+{
+    dt_status st = DT_OK;
+    for (int64_t b = 0; b < a->B && st >= 0; b++)
+        for (int64_t r = 0; r < a->R && st >= 0; r++) {
+            const int64_t at = (b * a->R + r) * a->E;
+            const uint64_t off = (uint64_t)((b * a->T + a->pos[r]) * a->E);
+            st = bwd ? dt_k_dropout_bwd(x + at, y + at, a->E, a->p, a->key, off)
+                     : dt_k_dropout_fwd(x + at, y + at, a->E, a->p, a->key, off);
+        }
+    return st;
+}
+
+static dt_status dropout_at_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)ctx, (void)nin;
+    if (!gin[0])
+        return DT_OK;
+    dt_status st = dropout_rows(ud, gout->data, gin[0]->data, true);
+    return st < 0 ? dt_error_wrap(st, "dt_dropout_at backward") : DT_OK;
+}
+
+dt_tensor *dt_dropout_at(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key, const int64_t *pos,
+                         int64_t T)
+{
+    const char *op = "dt_dropout_at";
+    DT__NEED(ctx, op, x);
+    if (!(p >= 0.0f && p <= 1.0f)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: p = %g not in [0, 1]", op, (double)p);
+        return NULL;
+    }
+    if (x->ndim < 2 || !pos || T < x->shape[1]) {
+        dt_error(!pos ? DT_ERR_NULL : DT_ERR_SHAPE, "%s: want x [B, R, ...] with R (%lld) rows of a sequence of T "
+                 "(%lld) >= R positions, and their positions", op, (long long)(x->ndim > 1 ? x->shape[1] : -1),
+                 (long long)T);
+        return NULL;
+    }
+    for (int64_t r = 0; r < x->shape[1]; r++)
+        if (pos[r] < 0 || pos[r] >= T) {
+            dt_error(DT_ERR_INVALID_ARG, "%s: position %lld of row %lld is outside [0, %lld)", op, (long long)pos[r],
+                     (long long)r, (long long)T);
+            return NULL;
+        }
+    if ((!training || p == 0.0f) && dt_dtype_is_float(x->dtype))
+        return x;
+    dt_tensor *lp[1] = {x};
+    DT__LP_RUN(ctx, 1, lp, x->dtype, dt_dropout_at(ctx, lp[0], p, training, key, pos, T));
+    DT__NEED_F32(ctx, op, x);
+    if (p >= 1.0f) /* everything dropped: zeros, and no gradient flows */
+        return dt_scale(ctx, x, 0.0f);
+    const int64_t B = x->shape[0], R = x->shape[1], n = dt_tensor_numel(x);
+    dropout_at_saved *a = dt_ctx_alloc(ctx, sizeof *a);
+    int64_t *pc = a ? dt_ctx_alloc(ctx, (size_t)(R ? R : 1) * sizeof *pc) : NULL;
+    dt_tensor *c = pc ? dt_contiguous(ctx, x) : NULL;
+    dt_tensor *y = c ? dt_tensor_empty(ctx, DT_F32, x->ndim, x->shape) : NULL;
+    if (!y)
+        return NULL;
+    memcpy(pc, pos, (size_t)R * sizeof *pc);
+    *a = (dropout_at_saved){.p = p, .key = key, .B = B, .R = R, .T = T, .E = B && R ? n / (B * R) : 0, .pos = pc};
+    dt_status st = dropout_rows(a, c->data, y->data, false);
+    if (st < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
+    }
+    return dt_ag_custom(ctx, 1, &x, y, dropout_at_bwd, a);
+}

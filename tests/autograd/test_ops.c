@@ -1,5 +1,5 @@
 /* Op semantics beyond gradients: dropout masks (rate, scale, keyed
- * determinism, eval identity), batch-norm running statistics over two
+ * determinism, eval identity; dt_dropout_at's rows), batch-norm running statistics over two
  * steps (hand-computed), view gradients landing in the right places. */
 #include "dtrain/autograd.h"
 #include "test.h"
@@ -33,6 +33,61 @@ TEST(dropout_masks)
     ASSERT(dt_dropout(ctx, x, 0.0f, true, k1) == x);
     dt_tensor *all = dt_dropout(ctx, x, 1.0f, true, k1);
     ASSERT(all && dt_tensor_get(all, 7) == 0.0);
+    dt_ctx_free(ctx);
+}
+
+/* dt_dropout_at: rows 5, 0 and 3 of a [2, 6, 7] tensor (bf16 too) get the whole tensor's dt_dropout mask, forward
+ * and backward; eval and p = 0 are the identity; a position outside the sequence is refused */
+TEST(dropout_at_rows)
+{
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    const int64_t B = 2, T = 6, E = 7, R = 3, pos[3] = {5, 0, 3};
+    dt_rng_key key = dt_rng_key_make(4, DT_RNG_DROPOUT, 2, 9);
+    dt_tensor *x = dt_tensor_new(DT_F32, 3, SH(B, T, E)), *xr = dt_tensor_new(DT_F32, 3, SH(B, R, E));
+    ASSERT(x && xr);
+    for (int64_t i = 0; i < B * T * E; i++)
+        dt_tensor_set(x, i, 1.0 + 0.01 * (double)i);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t e = 0; e < E; e++)
+                dt_tensor_set(xr, (b * R + r) * E + e, dt_tensor_get(x, (b * T + pos[r]) * E + e));
+    ASSERT_OK(dt_tensor_set_requires_grad(x, true));
+    ASSERT_OK(dt_tensor_set_requires_grad(xr, true));
+    dt_tensor *y = dt_dropout(ctx, x, 0.4f, true, key), *yr = dt_dropout_at(ctx, xr, 0.4f, true, key, pos, T);
+    ASSERT(y && yr);
+    /* the gradient of sum(y * w): w's values at the rows */
+    dt_tensor *w = dt_tensor_empty(ctx, DT_F32, 3, SH(B, T, E)), *wr = dt_tensor_empty(ctx, DT_F32, 3, SH(B, R, E));
+    for (int64_t i = 0; i < B * T * E; i++)
+        dt_tensor_set(w, i, cos((double)i));
+    int64_t zeros = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t e = 0; e < E; e++) {
+                const int64_t at = (b * T + pos[r]) * E + e, ar = (b * R + r) * E + e;
+                dt_tensor_set(wr, ar, dt_tensor_get(w, at));
+                ASSERT(dt_tensor_get(yr, ar) == dt_tensor_get(y, at));
+                zeros += dt_tensor_get(yr, ar) == 0.0;
+            }
+    ASSERT(zeros > 5 && zeros < 37); /* of 42: the mask drops some and keeps some */
+    ASSERT_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, w))));
+    ASSERT_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, yr, wr))));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t e = 0; e < E; e++)
+                ASSERT(dt_tensor_get(xr->grad, (b * R + r) * E + e) ==
+                       dt_tensor_get(x->grad, (b * T + pos[r]) * E + e));
+    dt_tensor *h = dt_cast(ctx, xr, DT_BF16), *hr = dt_dropout_at(ctx, h, 0.4f, true, key, pos, T);
+    ASSERT(hr && hr->dtype == DT_BF16);
+    for (int64_t i = 0; hr && i < B * R * E; i++)
+        ASSERT((dt_tensor_get(hr, i) == 0.0) == (dt_tensor_get(yr, i) == 0.0));
+    ASSERT(dt_dropout_at(ctx, xr, 0.4f, false, key, pos, T) == xr);
+    ASSERT(dt_dropout_at(ctx, xr, 0.0f, true, key, pos, T) == xr);
+    ASSERT(dt_dropout_at(ctx, xr, 0.4f, true, key, (const int64_t[]){5, 6, 0}, T) == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "position 6 of row 1 is outside [0, 6)");
+    ASSERT(dt_dropout_at(ctx, xr, 0.4f, true, key, pos, 2) == NULL); /* T below the rows */
+    dt_tensor_free(x);
+    dt_tensor_free(xr);
     dt_ctx_free(ctx);
 }
 
@@ -94,6 +149,7 @@ TEST(view_gradients_land_in_place)
 int main(void)
 {
     RUN(dropout_masks);
+    RUN(dropout_at_rows);
     RUN(batch_norm_running_stats_two_steps);
     RUN(view_gradients_land_in_place);
     return TEST_REPORT();

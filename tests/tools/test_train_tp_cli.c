@@ -2,7 +2,8 @@
  * ranks gives the single-process run's step losses; 4 ranks as 2 x 2
  * (tensor x data parallel) give the 2-rank DDP run's; a tensor-parallel
  * GPT on 2 ranks gives the single-process step and validation losses, with
- * dropout too (the same masks) and with --sequence-parallel; and the option
+ * dropout too (the same masks) and with --sequence-parallel (with dropout
+ * too: each rank's tokens draw their part of the masks); and the option
  * errors (no launcher, a --tp that does not divide the ranks, convnet,
  * ZeRO 2/3 and FSDP; --zero 1 composes: test_train_tp_zero_cli.c) are
  * one line with exit 2. Losses are compared within float
@@ -156,6 +157,10 @@ TEST(gpt_tp2_dropout_equals_one_process)
     ASSERT(differ > 0);
 }
 
+/* --sequence-parallel with dropout 0.2: the residual and MLP dropouts on each rank's half of the tokens draw
+ * their part of the whole sequence's masks (dt_dropout_at), so the losses equal one process's with dropout */
+TEST(gpt_tp2_sequence_parallel_dropout_equals_one_process) { gpt_tp2("0.2", true); }
+
 TEST(tp_option_errors)
 {
     static cli_result r;
@@ -192,6 +197,7 @@ int main(void)
     RUN(gpt_tp2_equals_one_process);
     RUN(gpt_tp2_dropout_equals_one_process);
     RUN(gpt_tp2_sequence_parallel_equals_one_process);
+    RUN(gpt_tp2_sequence_parallel_dropout_equals_one_process);
     cli_cleanup();
     return TEST_REPORT();
 }
