@@ -679,26 +679,28 @@ DT_API dt_status dt_k_attention_bwd(const float *qkv, const float *y, const floa
  * q.k / sqrt(D) capped to cap tanh(s / cap) (cap 0: none; Gemma 2's
  * attn_logit_softcapping) before the softmax; lse (B, H, T) the (capped)
  * scores' log-sum-exp. window >= 0, cap finite and >= 0, D <= 256, no
- * dropout; O(T window) work, never T x T memory. Without a cap it runs
+ * dropout; O(T window) work, never T x T memory. It runs
  * dt_k_attention_fwd's blocked kernel (causal), the key blocks outside
  * every row's window skipped and the window's first key masked inside its
  * block as the causal mask masks the diagonal (what the window hides is
- * never read): window 0 or >= T gives dt_k_attention_fwd's bits, and every
- * ISA path gives the same bits. With a cap a plain kernel (one row of T
- * scores per thread; tanh within 1.5 ulp, exp within 2 ulp of expf, in
- * f32; the vector levels differ by the sums' rounding). */
+ * never read), each block's scores capped as they are computed (tanh
+ * within 1.5 ulp, in f32) before the softmax: window 0 or >= T without a
+ * cap gives dt_k_attention_fwd's bits, and every ISA path gives the same
+ * bits, with or without a cap. */
 DT_API dt_status dt_k_attention_window_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                            int64_t window, float cap, float *y, float *lse);
 /* Its backward: dqkv (B, T, 3C) written from the forward's qkv, y, lse and
- * dy; sums in a fixed order whatever the thread count. */
+ * dy (the capped scores recomputed, dS times tanh's derivative 1 -
+ * tanh^2); sums in a fixed order whatever the thread count. */
 DT_API dt_status dt_k_attention_window_bwd(const float *qkv, const float *y, const float *lse, const float *dy,
                                            int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, float cap,
                                            float *dqkv);
 /* dt_k_attention_window_fwd/_bwd with qkv in bf16/f16 (dtype t) read as it
- * is, cap 0 only (DT_ERR_UNSUPPORTED otherwise: the cap runs in f32):
- * dt_k_attention_fwd_heads_lp and _bwd_heads_lp (below) with the window,
- * their paths, outputs (ylp, dqkv_lp) and bounds; window 0 or >= T gives
- * their bits (causal, no dropout, h0 = 0, Ht = H). */
+ * is: dt_k_attention_fwd_heads_lp and _bwd_heads_lp (below) with the window
+ * and the cap, their paths (the tiles too: the scores come out of a tile
+ * product in f32 and are capped there), outputs (ylp, dqkv_lp) and bounds
+ * (taken over the capped scores' P and dS); window 0 or >= T without a cap
+ * gives their bits (causal, no dropout, h0 = 0, Ht = H). */
 DT_API dt_status dt_k_attention_window_fwd_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                               int64_t window, float cap, float *y, void *ylp, float *lse);
 DT_API dt_status dt_k_attention_window_bwd_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,

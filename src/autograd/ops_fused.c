@@ -20,7 +20,7 @@ typedef struct {
     dt_rng_key key;
     float p;
     int64_t window; /* dt_attention_window's: > 0 a sliding window, */
-    float softcap;  /* > 0 a soft cap (f32 only) */
+    float softcap;  /* > 0 a soft cap */
     bool windowed;  /* dt_attention_window (kernels.h's dt_k_attention_window_*) */
     bool causal;
 } attn_saved;
@@ -66,9 +66,8 @@ dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, fl
  * The same bits as dt_cast to f32, the f32 op and dt_cast back, without the
  * two cast nodes and their passes over qkv and y. windowed:
  * dt_attention_window's kernels (kernels.h, dt_k_attention_window_fwd and
- * _lp) with its window and soft cap; they choose the blocked kernel or,
- * for the cap, the plain one, which is f32 only: with a cap a bf16/f16 qkv
- * is widened and the result rounded (DT__LP_RUN). */
+ * _lp: the blocked kernel) with its window and soft cap, a bf16/f16 qkv
+ * read as it is there too. */
 static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_head, int head0, int heads_total,
                             bool causal, float dropout_p, bool training, dt_rng_key key, bool windowed,
                             int64_t window, float softcap)
@@ -78,7 +77,7 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_h
     if (!dt__autocast(ctx, DT_OP_ATTENTION, 1, lp))
         return NULL;
     qkv = lp[0];
-    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) && softcap == 0.0f ? qkv->dtype : DT_F32;
+    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) ? qkv->dtype : DT_F32;
     if (t == DT_F32) {
         DT__LP_RUN(ctx, 1, lp, qkv->dtype,
                    attention(ctx, op, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key, windowed,
@@ -143,8 +142,8 @@ dt_tensor *dt_attention_window(dt_ctx *ctx, dt_tensor *qkv, int n_head, int64_t 
                  "none)", op, (long long)window, (double)softcap);
         return NULL;
     }
-    /* the kernels choose (kernels.h): without a cap the blocked one with the window (a window of T or more,
-       or 0, gives dt_attention's bits), with one the plain one */
+    /* the blocked kernel with the window and the cap (kernels.h; a window of T or more, or 0, without a cap
+       gives dt_attention's bits) */
     return attention(ctx, op, qkv, n_head, 0, n_head, true, 0.0f, false, (dt_rng_key){0}, true, window, softcap);
 }
 

@@ -56,9 +56,20 @@
  * instead (fwd_task_amx, bwd_task_amx: see "the products on the AMX
  * tiles" below).
  *
- * A sliding window (dt_k_attention_window_fwd/_bwd and their _lp
- * versions, attention_window.c; causal, no dropout): query i sees the keys
- * (i - window, i]. A forward task copies only the keys its rows see and
+ * A soft cap (dt_k_attention_window_fwd/_bwd and their _lp versions,
+ * attention_window.c; Gemma 2's attn_logit_softcapping; causal, no
+ * dropout) replaces each score s = scale q.k by c = cap tanh(s / cap)
+ * (dt__att_cap_row) where a block's scores are computed, on every path
+ * (f32 rows, widened and avx512_bf16 rows, the tiles' f32 products): the
+ * forward caps them before the running max (the softmax then takes them
+ * with scale 1, the same bits as unscaled), lse is that of c, and the
+ * backward recomputes c with its tanh t, P = exp(c - lse) and
+ *   dS_ij = P_ij (dP_ij - Di) (1 - t_ij^2)   (tanh' = 1 - tanh^2),
+ * the rest unchanged. Cap 0 runs the code without it: the same bits.
+ *
+ * A sliding window (the same entry points; causal, no dropout): query i
+ * sees the keys (i - window, i]. A forward task copies only the keys its
+ * rows see and
  * walks the key blocks from the one that holds its first row's first key;
  * the backward, for each key block, only the rows that see one of its
  * keys; so the work is O(T window), not O(T^2). Inside a block that
@@ -320,17 +331,26 @@ DT__AVX512 static float fast_exp_sum(float *s, int64_t n, float mx)
 }
 
 /* The backward's row of a key block: P = dt__expf(sc scale - L) into pd and
- * P (dp - Di) scale into ds, j < n (no dropout: the caller applies it). */
-DT__AVX512 static void fast_bwd_probs(const float *sc, const float *dp, int64_t n, float scale, float L, float Di,
-                                      float *pd, float *ds)
+ * P (dp - Di) scale into ds, j < n (no dropout: the caller applies it).
+ * Soft-capped scores (th not NULL: sc the capped scores c, th their tanh,
+ * dt__att_cap_row's): P = dt__expf(c - L) and P (dp - Di) (1 - th^2) scale,
+ * tanh's derivative. */
+DT__AVX512 static void fast_bwd_probs(const float *sc, const float *th, const float *dp, int64_t n, float scale,
+                                      float L, float Di, float *pd, float *ds)
 {
     const __m512 vs = _mm512_set1_ps(scale), vl = _mm512_set1_ps(L), vd = _mm512_set1_ps(Di);
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = lanes16(j, n);
-        __m512 P = dt__expf16(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + j), vs), vl));
-        __m512 d = _mm512_mul_ps(_mm512_mul_ps(P, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + j), vd)), vs);
+        const __m512 x = _mm512_maskz_loadu_ps(k, sc + j);
+        __m512 P = dt__expf16(_mm512_sub_ps(th ? x : _mm512_mul_ps(x, vs), vl));
+        __m512 d = _mm512_mul_ps(P, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + j), vd));
+        if (th) {
+            const __m512 t = _mm512_maskz_loadu_ps(k, th + j);
+            d = _mm512_mul_ps(d, _mm512_sub_ps(one, _mm512_mul_ps(t, t)));
+        }
         _mm512_mask_storeu_ps(pd + j, k, P);
-        _mm512_mask_storeu_ps(ds + j, k, d);
+        _mm512_mask_storeu_ps(ds + j, k, _mm512_mul_ps(d, vs));
     }
 }
 
@@ -345,19 +365,24 @@ static inline __mmask16 lanes_in(int64_t c, int64_t lo, int64_t hi)
  * transposed, one key against 32 queries c with their own L[c] and Di[c]):
  * P = dt__expf(sc[c] scale - L[c]) into pd[c] and P (dp[c] - Di[c]) scale
  * into ds[c] for lo <= c < hi, 0 in both for the other lanes of the 32 (no
- * dropout: the caller applies it). */
-DT__AVX512 static void fast_bwd_probs_t(const float *sc, const float *dp, int64_t lo, int64_t hi, float scale,
-                                        const float *L, const float *Di, float *pd, float *ds)
+ * dropout: the caller applies it). th not NULL: soft-capped scores, as
+ * fast_bwd_probs takes them (th[c] for lo <= c < hi). */
+DT__AVX512 static void fast_bwd_probs_t(const float *sc, const float *th, const float *dp, int64_t lo, int64_t hi,
+                                        float scale, const float *L, const float *Di, float *pd, float *ds)
 {
-    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512 vs = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f);
     for (int64_t c = 0; c < 32; c += 16) {
         const __mmask16 k = lanes_in(c, lo, hi);
-        const __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + c), vs),
-                                       _mm512_maskz_loadu_ps(k, L + c));
+        const __m512 s = _mm512_maskz_loadu_ps(k, sc + c);
+        const __m512 x = _mm512_sub_ps(th ? s : _mm512_mul_ps(s, vs), _mm512_maskz_loadu_ps(k, L + c));
         const __m512 P = _mm512_maskz_mov_ps(k, dt__expf16(x));
-        const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + c), _mm512_maskz_loadu_ps(k, Di + c));
+        __m512 d = _mm512_mul_ps(P, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + c), _mm512_maskz_loadu_ps(k, Di + c)));
+        if (th) {
+            const __m512 t = _mm512_maskz_loadu_ps(k, th + c);
+            d = _mm512_mul_ps(d, _mm512_sub_ps(one, _mm512_mul_ps(t, t)));
+        }
         _mm512_storeu_ps(pd + c, P);
-        _mm512_storeu_ps(ds + c, _mm512_mul_ps(_mm512_mul_ps(P, d), vs));
+        _mm512_storeu_ps(ds + c, _mm512_mul_ps(d, vs));
     }
 }
 
@@ -413,11 +438,12 @@ DT__AVX512 static float fast_dot16(const float *a, const float *b, int64_t n)
  * with that half hidden (rows_acc_bf16's lo0). */
 DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const uint32_t *kp, int64_t ldT,
                                          const uint32_t *vp, int64_t kb, int64_t T, int64_t C, int64_t D, int64_t gbh,
-                                         bool causal, int64_t window, float p, dt_rng_key key, int64_t i0, int64_t i1,
-                                         float *y, uint16_t *ylp, float *lse)
+                                         bool causal, int64_t window, float cap, float p, dt_rng_key key, int64_t i0,
+                                         int64_t i1, float *y, uint16_t *ylp, float *lse)
 {
     const int64_t nq = i1 - i0, D2 = (D + 1) / 2;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    const float ss = cap > 0.0f ? 1.0f : scale; /* the scores' scale after the cap (which scales them itself) */
     float m[BQ], l[BQ], s[BK];
     uint32_t sp[BK / 2];
     float acc[BQ][DMAX];
@@ -437,7 +463,9 @@ DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const u
                 continue;
             float *sr = s + odd; /* s[0]: the hidden half of the first pair (n + odd <= BK: js > j0 then) */
             row_dots_bf16(qp + r * D2, kp + (js - kb), ldT, D2, n, sr);
-            float mx = fast_scale_max(sr, n, scale, m[r]);
+            if (cap > 0.0f) /* capped before the running max */
+                dt__att_cap_row(DT__ATT_BF16, sr, NULL, n, scale, cap);
+            float mx = fast_scale_max(sr, n, ss, m[r]);
             float corr = expf(m[r] - mx); /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
             for (int64_t d = 0; d < D; d += 16) {
@@ -470,11 +498,12 @@ DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const u
  * clones give the same bits. */
 DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *kT, int64_t ldT,
                                const float *v, int64_t ldv, int64_t kb, int64_t T, int64_t C, int64_t D, int64_t gbh,
-                               bool causal, int64_t window, float p, dt_rng_key key, int64_t i0, int64_t i1, float *y,
-                               uint16_t *ylp, float *lse)
+                               bool causal, int64_t window, float cap, float p, dt_rng_key key, int64_t i0, int64_t i1,
+                               float *y, uint16_t *ylp, float *lse)
 {
     const int64_t nq = i1 - i0;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    const float ss = cap > 0.0f ? 1.0f : scale; /* the scores' scale after the cap (which scales them itself) */
     float m[BQ], l[BQ], s[BK];
     float acc[BQ][DMAX];
     for (int64_t r = 0; r < nq; r++) {
@@ -495,13 +524,15 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
             const int64_t ja = j0 + ((js - j0) & ~(int64_t)7), n = je - js;
             row_dots(vec, q + r * ldq, kT + (ja - kb), ldT, D, je - ja, s);
             float *sr = s + (js - ja), mx = m[r];
+            if (cap > 0.0f) /* capped before the running max; times ss = 1 below: the same bits */
+                dt__att_cap_row(vec, sr, NULL, n, scale, cap);
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST)
-                mx = fast_scale_max(sr, n, scale, mx);
+                mx = fast_scale_max(sr, n, ss, mx);
             else
 #endif
                 for (int64_t j = 0; j < n; j++) {
-                    float x = sr[j] * scale;
+                    float x = sr[j] * ss;
                     sr[j] = x;
                     mx = x > mx ? x : mx;
                 }
@@ -535,7 +566,7 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
  * contiguous instead of 3C floats apart (qkv's rows of 3C floats map a
  * head's keys onto a quarter of L1's sets). kt: fwd_scratch(T, D). */
 static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
-                     bool causal, int64_t window, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0,
+                     bool causal, int64_t window, float cap, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0,
                      int64_t qb1, float *kt, float *y, void *ylp, float *lse)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h;
@@ -560,7 +591,7 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
             int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
             for (int64_t i = i0; i < i1; i++)
                 bf16_pairs(src + i * C3, qp + (i - i0) * D2, D);
-            fwd_rows_bf16(t, qp, kp, ldT, vp, kb, T, C, D, gbh, causal, window, p, key, i0, i1, yh, ylh, lh);
+            fwd_rows_bf16(t, qp, kp, ldT, vp, kb, T, C, D, gbh, causal, window, cap, p, key, i0, i1, yh, ylh, lh);
         }
         return;
     }
@@ -580,7 +611,8 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
         int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
         for (int64_t i = i0; i < i1; i++)
             task_row(vec, t, qkv, (b * T + i) * C3 + h * D, qt + (i - i0) * D, D);
-        fwd_rows(vec, t, qt, D, kT, ldT, vw, D, kb, T, C, D, gbh, causal, window, p, key, i0, i1, yh, ylh, lh);
+        fwd_rows(vec, t, qt, D, kT, ldT, vw, D, kb, T, C, D, gbh, causal, window, cap, p, key, i0, i1, yh, ylh,
+                 lh);
     }
 }
 
@@ -965,9 +997,9 @@ static size_t fwd_scratch_amx(int64_t T, int64_t D)
 /* fwd_task on the tiles: query blocks [qb0, qb1) of 32 rows. Cloned for
  * AVX2 as fwd_rows (the loops around the tiles; the same bits). */
 DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv, int64_t T,
-                                   int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, int64_t window, float p,
-                                   dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, void *scratch,
-                                   float *y, void *ylp, float *lse)
+                                   int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, int64_t window, float cap,
+                                   float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1,
+                                   void *scratch, float *y, void *ylp, float *lse)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
     const int64_t ia = qb0 * AB, iz = qb1 * AB < T ? qb1 * AB : T, nkv = causal ? iz : T;
@@ -976,6 +1008,7 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     uint16_t *kp = scratch, *vp = kp + nkb * kd * ASTEP, *qp = vp + kd * nkb * ASTEP, *pp = qp + kd * ASTEP;
     float *s = (float *)(void *)(pp + nkb * ASTEP), *acc = s + AB * lds;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    const float ss = cap > 0.0f ? 1.0f : scale; /* the scores' scale after the cap (which scales them itself) */
     float m[AB], l[AB];
     memset(kp, 0, (size_t)(2 * nkb * kd) * ASTEP * 2);
     uint32_t pr[DMAX];
@@ -996,7 +1029,7 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     if (bad) {
         const int64_t nqb = (T + BQ - 1) / BQ, q1 = qb1 * (AB / BQ);
         atomic_fetch_add(&g_amx_fallbacks, 1);
-        fwd_task(vec, DT_BF16, qkv, T, H, D, h0, Ht, causal, window, p, key, b, h, qb0 * (AB / BQ),
+        fwd_task(vec, DT_BF16, qkv, T, H, D, h0, Ht, causal, window, cap, p, key, b, h, qb0 * (AB / BQ),
                  q1 < nqb ? q1 : nqb, scratch, y, ylp, lse);
         return;
     }
@@ -1015,13 +1048,15 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         for (int64_t r = 0; r < nr; r++) {
             const int64_t i = i0 + r, n = (causal ? i + 1 : T) - k0, lo = att_first(i, window) - k0;
             float *sr = s + r * lds; /* key k0 + j at sr[j]; the row's keys [lo, n) */
+            if (cap > 0.0f) /* the scores as they come out of the tiles capped, before the row's max */
+                dt__att_cap_row(vec, sr + lo, NULL, n - lo, scale, cap);
 #if DT__X86_VEC
             if (vec == DT__ATT_BF16 && p == 0.0f) { /* the three passes below in one */
-                l[r] = fast_softmax_bf16(sr, lo, n, cols, scale, &m[r], pp + r * cols);
+                l[r] = fast_softmax_bf16(sr, lo, n, cols, ss, &m[r], pp + r * cols);
                 continue;
             }
 #endif
-            l[r] = amx_softmax_row(vec, sr + lo, n - lo, scale, &m[r]);
+            l[r] = amx_softmax_row(vec, sr + lo, n - lo, ss, &m[r]);
             for (int64_t j = lo; j < n && p > 0.0f; j++)
                 sr[j] = keep(key, p, gbh, T, i, k0 + j) ? sr[j] * pscale : 0.0f;
             for (int64_t j = 0; j < lo; j++)
@@ -1054,8 +1089,8 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
 
 /* window: > 0 a sliding window (causal), 0 or >= T none */
 static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                         int64_t h0, int64_t Ht, bool causal, int64_t window, float p, dt_rng_key key, float *y,
-                         void *ylp, float *lse)
+                         int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p, dt_rng_key key,
+                         float *y, void *ylp, float *lse)
 {
     dt_status st = attn_args(fn, B, T, H, D, p);
     if (st >= 0)
@@ -1087,11 +1122,11 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
         for (int64_t task = 0; task < ntask; task++) {
             int64_t bh = task / ngr, q0 = (task % ngr) * g, q1 = q0 + g < nqb ? q0 + g : nqb;
             if (kt && tiles)
-                fwd_task_amx(tiles, &on, vec, qkv, T, H, D, h0, Ht, causal, window, p, key, bh / H, bh % H, q0, q1,
-                             kt, y, ylp, lse);
+                fwd_task_amx(tiles, &on, vec, qkv, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, q0,
+                             q1, kt, y, ylp, lse);
             else if (kt)
-                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, window, p, key, bh / H, bh % H, q0, q1, kt, y, ylp,
-                         lse);
+                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, q0, q1, kt, y,
+                         ylp, lse);
         }
         if (on)
             tiles->release();
@@ -1105,7 +1140,7 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
 dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
                                    int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
 {
-    return fwd_run("dt_k_attention_fwd", DT_F32, qkv, B, T, H, D, h0, Ht, causal, 0, p, key, y, NULL, lse);
+    return fwd_run("dt_k_attention_fwd", DT_F32, qkv, B, T, H, D, h0, Ht, causal, 0, 0.0f, p, key, y, NULL, lse);
 }
 
 dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
@@ -1114,7 +1149,7 @@ dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, in
 {
     const char *fn = "dt_k_attention_fwd_lp";
     dt_status st = lp_dtype(fn, t);
-    return st < 0 ? st : fwd_run(fn, t, qkv, B, T, H, D, h0, Ht, causal, 0, p, key, y, ylp, lse);
+    return st < 0 ? st : fwd_run(fn, t, qkv, B, T, H, D, h0, Ht, causal, 0, 0.0f, p, key, y, ylp, lse);
 }
 
 #if DT__X86_VEC
@@ -1131,7 +1166,7 @@ dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, in
  * and hi_last). kt: bwd_scratch(DT_BF16, T, D). */
 DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, const float *lse, const float *dy,
                                          int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal, int64_t window,
-                                         float p, dt_rng_key key, float *kt, float *g, uint16_t *dl)
+                                         float cap, float p, dt_rng_key key, float *kt, float *g, uint16_t *dl)
 {
     const int64_t C3 = 3 * C, D2 = (D + 1) / 2, T2 = (T + 1) / 2;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -1141,7 +1176,7 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
     uint32_t *qp = (uint32_t *)(void *)(dim + T), *gp = qp + T * D2;    /* q, dy rows as pairs along D */
     uint32_t *q2 = gp + T * D2, *g2 = q2 + T2 * D;                     /* q, dy paired along the rows */
     uint32_t *k2 = g2 + T2 * D, *ptm = k2 + (BK / 2) * D, *dtm = ptm + T2 * BK; /* keys paired; P, dS paired */
-    float sc[BK], dp[BK], wr[DMAX];
+    float sc[BK], dp[BK], th[BK], wr[DMAX];
     uint16_t hb[DMAX];
     uint32_t pr[DMAX / 2], sp[BK / 2];
     for (int64_t i = 0; i < T; i++) {
@@ -1178,7 +1213,9 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
             const float L = lse[i], Di = dim[i];
             row_dots_bf16(qp + i * D2, kp + o, BK, D2, ne, sc);
             row_dots_bf16(gp + i * D2, vp + o, BK, D2, ne, dp);
-            fast_bwd_probs(sc, dp, ne, scale, L, Di, pd + o, ds + o);
+            if (cap > 0.0f) /* the recomputed scores capped, with their tanh for its derivative */
+                dt__att_cap_row(DT__ATT_BF16, sc, th, ne, scale, cap);
+            fast_bwd_probs(sc, cap > 0.0f ? th : NULL, dp, ne, scale, L, Di, pd + o, ds + o);
             for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on P */
                 bool kp1 = keep(key, p, gbh, T, i, j0 + o + jj);
                 float P = pd[o + jj];
@@ -1244,21 +1281,21 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
  * NULL). kt: bwd_scratch(t, T, D). */
 DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                const float *dy, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
-                               int64_t window, float p, dt_rng_key key, int64_t b, int64_t h, float *kt, float *dqkv,
-                               uint16_t *dlp)
+                               int64_t window, float cap, float p, dt_rng_key key, int64_t b, int64_t h, float *kt,
+                               float *dqkv, uint16_t *dlp)
 {
     const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
     const int64_t C = H * D, C3 = 3 * C, bh = b * H + h;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     float *gbase = dqkv + b * T * C3, *vt = kt + DMAX * BK;
     float *pdm = vt + DMAX * BK, *dsm = pdm + T * BK; /* [T, BK] each: P (dropped) and dS of the block */
-    float sc[BK], dp[BK];
+    float sc[BK], dp[BK], th[BK];
     uint16_t hb[DMAX];
     const uint16_t *src = t == DT_F32 ? NULL : (const uint16_t *)qkv + b * T * C3 + h * D;
 #if DT__X86_VEC
     if (vec == DT__ATT_BF16) {
         bwd_head_bf16(src, y + b * T * C + h * D, lse + bh * T, dy + b * T * C + h * D, T, C, D, gbh, causal, window,
-                      p, key, kt, gbase + h * D, dlp ? dlp + b * T * C3 + h * D : NULL);
+                      cap, p, key, kt, gbase + h * D, dlp ? dlp + b * T * C3 + h * D : NULL);
         return;
     }
 #endif
@@ -1294,9 +1331,11 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
             float *scr = sc + (o - oa), *dpr = dp + (o - oa);
             row_dots(vec, q, kt + oa, BK, D, je - j0 - oa, sc);
             row_dots(vec, g, vt + oa, BK, D, je - j0 - oa, dp);
+            if (cap > 0.0f) /* the recomputed scores capped, with their tanh for its derivative */
+                dt__att_cap_row(vec, scr, th, ne, scale, cap);
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST) {
-                fast_bwd_probs(scr, dpr, ne, scale, L, Di, pd, ds);
+                fast_bwd_probs(scr, cap > 0.0f ? th : NULL, dpr, ne, scale, L, Di, pd, ds);
                 for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on the fast path's P */
                     bool kp = keep(key, p, gbh, T, i, j0 + o + jj);
                     float P = pd[jj];
@@ -1305,7 +1344,11 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
                 }
             } else
 #endif
-            {
+            if (cap > 0.0f) { /* P from the capped scores (times 1: the same bits), dS through tanh' = 1 - tanh^2 */
+                att_probs(vec, scr, ne, 1.0f, L, pd);
+                for (int64_t jj = 0; jj < ne; jj++)
+                    ds[jj] = pd[jj] * (dpr[jj] - Di) * (1.0f - th[jj] * th[jj]) * scale;
+            } else {
                 att_probs(vec, scr, ne, scale, L, pd);
                 for (int64_t jj = 0; jj < ne; jj++) {
                     float P = pd[jj], dP = dpr[jj], Pd = P;
@@ -1388,21 +1431,23 @@ static size_t bwd_scratch_amx(int64_t T, int64_t D)
 }
 
 /* The rows [lo, hi) of a key's row of P and dS on the tiles (the others
- * 0): fast_bwd_probs_t where vec allows, else expf. */
-static void amx_probs_t(int vec, const float *sc, const float *dp, int64_t lo, int64_t hi, float scale,
-                        const float *L, const float *Di, float *pd, float *ds)
+ * 0): fast_bwd_probs_t where vec allows, else expf; th not NULL: the
+ * scores soft-capped, th their tanh (as fast_bwd_probs_t takes them). */
+static void amx_probs_t(int vec, const float *sc, const float *th, const float *dp, int64_t lo, int64_t hi,
+                        float scale, const float *L, const float *Di, float *pd, float *ds)
 {
 #if DT__X86_VEC
     if (vec >= DT__ATT_FAST) {
-        fast_bwd_probs_t(sc, dp, lo, hi, scale, L, Di, pd, ds);
+        fast_bwd_probs_t(sc, th, dp, lo, hi, scale, L, Di, pd, ds);
         return;
     }
 #endif
     (void)vec;
     for (int64_t c = 0; c < AB; c++) {
-        const float P = c >= lo && c < hi ? expf(sc[c] * scale - L[c]) : 0.0f;
+        const bool in = c >= lo && c < hi;
+        const float P = in ? expf(th ? sc[c] - L[c] : sc[c] * scale - L[c]) : 0.0f;
         pd[c] = P;
-        ds[c] = c >= lo && c < hi ? P * (dp[c] - Di[c]) * scale : 0.0f;
+        ds[c] = !in ? 0.0f : th ? P * (dp[c] - Di[c]) * (1.0f - th[c] * th[c]) * scale : P * (dp[c] - Di[c]) * scale;
     }
 }
 
@@ -1422,8 +1467,8 @@ static void amx_probs_t(int vec, const float *sc, const float *dp, int64_t lo, i
  * values) and one query block's dS^T paired along the keys (sb). */
 DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv,
                                    const float *y, const float *lse, const float *dy, int64_t T, int64_t H, int64_t D,
-                                   int64_t h0, int64_t Ht, bool causal, int64_t window, float p, dt_rng_key key,
-                                   int64_t b, int64_t h, void *scratch, float *dqkv, uint16_t *dlp)
+                                   int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p,
+                                   dt_rng_key key, int64_t b, int64_t h, void *scratch, float *dqkv, uint16_t *dlp)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
     const int64_t nqb = (T + AB - 1) / AB, Tp = nqb * AB, Dp = kd * AB, pn = Tp * Dp;
@@ -1438,6 +1483,7 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     float *gw = (float *)(void *)(sb + ASTEP), *dqt = gw + 2 * pn; /* gw: dk|dv rows [Tp][2 Dp]; dq^T [Dp][ldq] */
     float *sc = dqt + Dp * ldq, *dp = sc + AB * AB, *ds = dp + AB * AB, *Lp = ds + AB * AB, *Dip = Lp + Tp;
     float *wr = Dip + Tp;
+    float th[AB]; /* a key's row of the capped scores' tanh */
     uint16_t hb[DMAX];
     uint32_t pr[DMAX];
     if (T % AB || D % AB) /* padding: zeros (every value is written when there is none) */
@@ -1471,7 +1517,8 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     if (bf16_nonfinite(vec, ka, pn) || bf16_nonfinite(vec, va, pn) || bf16_nonfinite(vec, qt, pn) ||
         bf16_nonfinite(vec, gh, pn)) {
         atomic_fetch_add(&g_amx_fallbacks, 1);
-        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, p, key, b, h, scratch, dqkv, dlp);
+        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, b, h, scratch, dqkv,
+                 dlp);
         return;
     }
     atomic_fetch_add(&g_amx_tasks, 1);
@@ -1488,7 +1535,9 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                 const int64_t j = j0 + r, lo = !causal || j <= i0 ? 0 : j - i0 < AB ? j - i0 : AB;
                 const int64_t ez = att_rows_end(j, window, T) - i0, hz = j >= T ? 0 : ez < hi ? ez : hi;
                 float *prw = sc + r * AB, *dr = ds + r * AB; /* P over the scores (read first) */
-                amx_probs_t(vec, sc + r * AB, dp + r * AB, lo, hz, scale, Lp + i0, Dip + i0, prw, dr);
+                if (cap > 0.0f && hz > lo) /* the scores as they come out of the tiles capped, before P */
+                    dt__att_cap_row(vec, prw + lo, th + lo, hz - lo, scale, cap);
+                amx_probs_t(vec, prw, cap > 0.0f ? th : NULL, dp + r * AB, lo, hz, scale, Lp + i0, Dip + i0, prw, dr);
                 for (int64_t c = lo; c < hz && p > 0.0f; c++) { /* dropout on P */
                     const bool kp = keep(key, p, gbh, T, i0 + c, j);
                     const float P = prw[c];
@@ -1530,7 +1579,7 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
 /* window: as fwd_run's */
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
                          const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
-                         bool causal, int64_t window, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
+                         bool causal, int64_t window, float cap, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
 {
     dt_status st = attn_args(fn, B, T, H, D, p);
     if (st >= 0)
@@ -1560,10 +1609,10 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++)
             if (kt && tiles)
-                bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, p, key, bh / H,
+                bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H,
                              bh % H, kt, dqkv, dqkv_lp);
             else if (kt)
-                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, p, key, bh / H, bh % H, kt, dqkv,
+                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, kt, dqkv,
                          dqkv_lp);
         if (on)
             tiles->release();
@@ -1578,7 +1627,8 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
                                    int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
                                    dt_rng_key key, float *dqkv)
 {
-    return bwd_run("dt_k_attention_bwd", DT_F32, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, 0, p, key, dqkv, NULL);
+    return bwd_run("dt_k_attention_bwd", DT_F32, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, 0, 0.0f, p, key, dqkv,
+                   NULL);
 }
 
 dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
@@ -1587,20 +1637,20 @@ dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *
 {
     const char *fn = "dt_k_attention_bwd_lp";
     dt_status st = lp_dtype(fn, t);
-    return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, 0, p, key, dqkv, dqkv_lp);
+    return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, 0, 0.0f, p, key, dqkv, dqkv_lp);
 }
 
 /* ---- the sliding window's entry points (attention_window.c) ---------------------------- */
 
 dt_status dt__attention_window_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H,
-                                   int64_t D, int64_t window, float *y, void *ylp, float *lse)
+                                   int64_t D, int64_t window, float cap, float *y, void *ylp, float *lse)
 {
-    return fwd_run(fn, t, qkv, B, T, H, D, 0, H, true, window, 0.0f, (dt_rng_key){0}, y, ylp, lse);
+    return fwd_run(fn, t, qkv, B, T, H, D, 0, H, true, window, cap, 0.0f, (dt_rng_key){0}, y, ylp, lse);
 }
 
 dt_status dt__attention_window_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                    const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                   float *dqkv, void *dqkv_lp)
+                                   float cap, float *dqkv, void *dqkv_lp)
 {
-    return bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, 0, H, true, window, 0.0f, (dt_rng_key){0}, dqkv, dqkv_lp);
+    return bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, 0, H, true, window, cap, 0.0f, (dt_rng_key){0}, dqkv, dqkv_lp);
 }

@@ -247,7 +247,8 @@ static inline __attribute__((always_inline)) float dt__bf16_round(float v)
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
 int dt__threads_for(int64_t work);
 
-/* Soft-capped attention scores (attention_window.c, attention_part.c): t[j]
+/* Soft-capped attention scores (defined in attention_window.c; the blocked
+ * kernel attention.c and attention_part.c take them): t[j]
  * = tanh(r[j] scale / cap) and r[j] = cap t[j] for j < n (t NULL: r only),
  * tanh within 1.5 ulp; vec (dt__vec_level) picks 8 lanes a step, the same
  * bits. */
@@ -263,17 +264,19 @@ static inline void dt__pool_window(int64_t i, int64_t stride, int64_t pad, int64
     *hi = b > n ? n : b;
 }
 
-/* The blocked attention kernel (attention.c) with a sliding window,
- * causal, no dropout, heads [0, H) of H: the entry points of
- * attention_window.c without a soft cap. qkv of dtype t (f32, or bf16/f16
- * as dt_k_attention_fwd_heads_lp reads it: ylp, dqkv_lp as there);
- * window 0 or >= T: none (dt_k_attention_fwd's bits, causal). fn names
- * the caller in errors; the caller checks the window. */
+/* The blocked attention kernel (attention.c) with a sliding window and a
+ * soft cap, causal, no dropout (its loops with dropout do not take the
+ * cap's derivative), heads [0, H) of H: the entry points of
+ * attention_window.c. qkv of dtype t (f32, or bf16/f16 as
+ * dt_k_attention_fwd_heads_lp reads it: ylp, dqkv_lp as there); window 0
+ * or >= T: none, cap 0: none (both: dt_k_attention_fwd's bits, causal).
+ * fn names the caller in errors; the caller checks the window and the
+ * cap. */
 dt_status dt__attention_window_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H,
-                                   int64_t D, int64_t window, float *y, void *ylp, float *lse);
+                                   int64_t D, int64_t window, float cap, float *y, void *ylp, float *lse);
 dt_status dt__attention_window_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                    const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                   float *dqkv, void *dqkv_lp);
+                                   float cap, float *dqkv, void *dqkv_lp);
 
 /* Batch norm, shared by the plain (norm.c) and nChw8c (blocked.c) kernels. */
 /* Training needs more than one value per channel and eps > 0. */
