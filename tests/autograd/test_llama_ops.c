@@ -216,17 +216,17 @@ static dt_tensor *f_softcap(dt_ctx *c, dt_tensor **in, void *u)
    without AMX, 64 with it) */
 static const dt_k_isa g_isas[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
 
-/* Sliding windows with and without a cap; without one the blocked kernel: windows 1 and 2 (a row's keys and a
-   key's rows split by the edge), 9; T 100 with window 9, so that the rows from 72 on skip the first key block
-   and the key block from 64 is seen from row 64 on */
+/* Sliding windows with and without a cap (0.3, 0.6, 1, 50), all on the blocked kernel: windows 1 and 2 (a row's
+   keys and a key's rows split by the edge), 9; T 100 with window 9, so that the rows from 72 on skip the first key
+   block and the key block from 64 is seen from row 64 on, without a cap and with one */
 TEST(window_softcap_grads)
 {
-    static float cases[6][2] = {{0, 0.6f}, {9, 0.6f}, {9, 0}, {1, 0}, {2, 0}, {9, 0}}; /* rows of up to 10 keys */
+    static float cases[9][2] = {{0, 0.6f}, {9, 0.6f}, {9, 0}, {1, 0}, {2, 0}, {9, 0}, {0, 0.3f}, {2, 50.0f}, {9, 1.0f}};
     for (int pi = 0; pi < 4; pi++) {
         if (dt_k_set_isa(g_isas[pi]) != DT_OK)
             continue;
-        for (int k = 0; k < 6; k++) {
-            dt_tensor *in[1] = {k == 5 ? T(41 + k, 1, 100, 36) : T(41 + k, 1, 10, 36)};
+        for (int k = 0; k < 9; k++) { /* rows of up to 10 keys, or T 100 */
+            dt_tensor *in[1] = {k == 5 || k == 8 ? T(41 + k, 1, 100, 36) : T(41 + k, 1, 10, 36)};
             char name[96];
             snprintf(name, sizeof name, "attention, window %g, cap %g (%s)", (double)cases[k][0],
                      (double)cases[k][1], dt_k_isa_name(g_isas[pi]));
@@ -352,15 +352,17 @@ TEST(window_softcap_forward_reference)
 
 /* ---- the sliding window on the blocked kernel (no cap) ---- */
 
-/* Causal attention with the sliding window (query i sees the keys (i - window, i]) in double over qkv values x
-   (B, T, 3C), as transformers' eager attention computes it (scores, the mask, softmax), and its gradient for the
-   upstream gradient R (B, T, C): y (B, T, C), g (B, T, 3C). */
+/* Causal attention with the sliding window (query i sees the keys (i - window, i]) and the soft cap (cap > 0: the
+   scores s replaced by cap tanh(s / cap)) in double over qkv values x (B, T, 3C), as transformers' eager attention
+   computes it (scores, the cap, the mask, softmax), and its gradient for the upstream gradient R (B, T, C): y (B, T,
+   C), g (B, T, 3C). */
 static void window_ref(const float *x, const float *R, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                       double *y, double *g)
+                       double cap, double *y, double *g)
 {
     const int64_t C = H * D, C3 = 3 * C;
     const double scale = 1 / sqrt((double)D);
     double *P = malloc((size_t)(T * T) * sizeof *P), *dP = malloc((size_t)T * sizeof *dP);
+    double *dc = malloc((size_t)T * sizeof *dc); /* a row's d c / d s: 1 - tanh^2, or 1 */
     memset(g, 0, (size_t)(B * T * C3) * sizeof *g);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -373,7 +375,9 @@ static void window_ref(const float *x, const float *R, int64_t B, int64_t T, int
                     double s = 0;
                     for (int64_t e = 0; e < D; e++)
                         s += (double)X[i * C3 + e] * X[j * C3 + C + e];
-                    P[i * T + j] = j >= j0 && j <= i ? s * scale : -INFINITY;
+                    const double th = cap > 0 ? tanh(s * scale / cap) : 0;
+                    dc[j] = cap > 0 ? 1 - th * th : 1;
+                    P[i * T + j] = j >= j0 && j <= i ? cap > 0 ? cap * th : s * scale : -INFINITY;
                     mx = fmax(mx, P[i * T + j]);
                 }
                 for (int64_t j = 0; j < T; j++)
@@ -391,7 +395,7 @@ static void window_ref(const float *x, const float *R, int64_t B, int64_t T, int
                     Di += P[i * T + j] * dP[j];
                 }
                 for (int64_t j = 0; j < T; j++) {
-                    const double dS = P[i * T + j] * (dP[j] - Di) * scale;
+                    const double dS = P[i * T + j] * (dP[j] - Di) * dc[j] * scale;
                     for (int64_t e = 0; e < D; e++) {
                         gq[i * C3 + e] += dS * X[j * C3 + C + e];
                         gk[j * C3 + e] += dS * X[i * C3 + e];
@@ -401,6 +405,7 @@ static void window_ref(const float *x, const float *R, int64_t B, int64_t T, int
         }
     free(P);
     free(dP);
+    free(dc);
 }
 
 /* The largest |got - want| over n elements divided by the bound a + r max|want| (a pass: <= 1). */
@@ -462,7 +467,7 @@ TEST(window_blocked_reference)
                 memcpy(xs + b * TT * 3 * C, xv + b * TM * 3 * C, (size_t)(TT * 3 * C) * 4);
                 memcpy(rs + b * TT * C, rv + b * TM * C, (size_t)(TT * C) * 4);
             }
-            window_ref(xs, rs, B, TT, H, D, w, yr, gr);
+            window_ref(xs, rs, B, TT, H, D, w, 0, yr, gr);
             for (int pi = 0; pi < 4; pi++) {
                 if (dt_k_set_isa(g_isas[pi]) != DT_OK)
                     continue;
@@ -525,6 +530,87 @@ TEST(window_blocked_reference)
     free(rv);
     free(yr);
     free(gr);
+    dt_ctx_free(ctx);
+}
+
+/* Soft caps on the blocked kernel (dt_attention_window: the scores capped where each block's are computed), f32 and
+   bf16, forward and backward, against window_ref on every ISA path the CPU has: caps 0.3 (most scores on tanh's flat
+   ends), 1 and 50 (Gemma 2's: almost linear), with no window and with 37, D 8, 64 and 256, T 50 (a bf16 qkv on the
+   rows) and 150 (on the avx512_bf16 path a bf16 qkv takes the tiles from dt_k_attention_lp_tiles' length on: 96
+   without AMX, 64 with it), B 2 and 2 heads; and scores far beyond the cap (inputs of standard deviation 10: scores
+   of about 100 against caps 1 and 50, what the cap is for; a kernel that took the softmax's max before the cap
+   would see every exponential underflow); the bounds of window_blocked_reference, for f32 there 1e-5 of the largest
+   |value| of y and of dqkv (the f32 scores of about 100 carry their rounding, some 1e-5, into the exponentials;
+   1 - tanh^2 from the f32 tanh t keeps t's absolute error, relative 2^-24 / (1 - t^2) near the cap's ends). */
+TEST(window_cap_blocked_reference)
+{
+    enum { B = 2, H = 2 };
+    const struct {
+        int64_t T, D, window;
+        float cap, sd; /* sd: the inputs' standard deviation */
+    } cases[] = {{50, 8, 0, 0.3f, 1},   {150, 8, 37, 1.0f, 1},   {150, 64, 0, 50.0f, 1}, {50, 64, 37, 0.3f, 1},
+                 {150, 64, 37, 1.0f, 1}, {150, 256, 0, 0.3f, 1}, {50, 256, 37, 50.0f, 1}, {150, 64, 37, 1.0f, 10},
+                 {50, 64, 0, 50.0f, 10}};
+    const dt_dtype dts[2] = {DT_F32, DT_BF16};
+    int64_t min_t = 0;
+    const char *tiles = dt_k_attention_lp_tiles(&min_t);
+    fprintf(stderr, "  bf16 tiles: %s from T %lld\n", tiles ? tiles : "none", (long long)min_t);
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    for (int di = 0; di < 2; di++) {
+        const dt_dtype dt = dts[di];
+        double worst_y = 0, worst_g = 0;
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            const int64_t TT = cases[k].T, D = cases[k].D, C = H * D, w = cases[k].window;
+            const float cap = cases[k].cap;
+            float *xs = malloc((size_t)(B * TT * 3 * C) * 4), *rs = malloc((size_t)(B * TT * C) * 4);
+            double *yr = malloc((size_t)(B * TT * C) * 8), *gr = malloc((size_t)(B * TT * 3 * C) * 8);
+            /* the values, held in dt (so the reference starts from the kernel's inputs) */
+            dt_rng_fill_normal(dt_rng_key_make(52 + k, DT_RNG_USER, 0, 0), 0, xs, (size_t)(B * TT * 3 * C), 0.0f,
+                               cases[k].sd);
+            dt_rng_fill_normal(dt_rng_key_make(52 + k, DT_RNG_USER, 1, 0), 0, rs, (size_t)(B * TT * C), 0.0f, 1.0f);
+            for (int64_t i = 0; i < B * TT * 3 * C && dt != DT_F32; i++)
+                xs[i] = dt_bf16_to_f32(dt_f32_to_bf16(xs[i]));
+            for (int64_t i = 0; i < B * TT * C && dt != DT_F32; i++)
+                rs[i] = dt_bf16_to_f32(dt_f32_to_bf16(rs[i]));
+            window_ref(xs, rs, B, TT, H, D, w, cap, yr, gr);
+            for (int pi = 0; pi < 4; pi++) {
+                if (dt_k_set_isa(g_isas[pi]) != DT_OK)
+                    continue;
+                dt_tensor *x = window_leaf(dt, B, TT, 3 * C, xs);
+                dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, TT, C), rs);
+                dt_tensor *y = x && R ? dt_attention_window(ctx, x, H, w, cap) : NULL;
+                ASSERT(y && y->dtype == dt);
+                ASSERT_OK(dt_backward_with(ctx, y, R));
+                float *yf = malloc((size_t)(B * TT * C) * 4), *gf = malloc((size_t)(B * TT * 3 * C) * 4);
+                ASSERT_OK(dt_k_convert(y->data, dt, yf, DT_F32, B * TT * C));
+                ASSERT_OK(dt_k_convert(x->grad->data, x->grad->dtype, gf, DT_F32, B * TT * 3 * C));
+                const double sd = cases[k].sd;
+                const double ey = dt == DT_F32 ? worst_ratio(yf, yr, B * TT * C, sd > 1 ? 0 : 2e-6, sd > 1 ? 1e-5 : 0)
+                                               : worst_ratio(yf, yr, B * TT * C, 0, 0x1p-7 + 0x1p-8);
+                const double eg = dt == DT_F32 ? worst_ratio(gf, gr, B * TT * 3 * C, 0, sd > 1 ? 1e-5 : 2e-6)
+                                               : worst_ratio(gf, gr, B * TT * 3 * C, 0, 0x1p-7 + 0x1p-8);
+                if (!(ey <= 1 && eg <= 1))
+                    fprintf(stderr, "  %s, T %lld, D %lld, window %lld, cap %g (%s): y at %.3g of its bound, dqkv at "
+                            "%.3g\n", dt_dtype_name(dt), (long long)TT, (long long)D, (long long)w, (double)cap,
+                            dt_k_isa_name(g_isas[pi]), ey, eg);
+                ASSERT(ey <= 1 && eg <= 1);
+                worst_y = fmax(worst_y, ey);
+                worst_g = fmax(worst_g, eg);
+                free(yf);
+                free(gf);
+                dt_tensor_free(x);
+                dt_ctx_reset(ctx);
+            }
+            free(xs);
+            free(rs);
+            free(yr);
+            free(gr);
+        }
+        fprintf(stderr, "  %s soft caps, blocked kernel: y within %.3g of its bound, dqkv %.3g\n", dt_dtype_name(dt),
+                worst_y, worst_g);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
     dt_ctx_free(ctx);
 }
 
@@ -987,6 +1073,7 @@ int main(void)
     RUN(window_softcap_grads);
     RUN(window_softcap_forward_reference);
     RUN(window_blocked_reference);
+    RUN(window_cap_blocked_reference);
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
     RUN(rope_lp_equals_widened);

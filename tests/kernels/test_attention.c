@@ -2,10 +2,13 @@
  * materialises the (T, T) probabilities (in double): forward and backward,
  * causal and not, T odd and spanning several query and key blocks, dropout
  * with the kernel's documented mask, sliding windows (the blocked kernel
- * under dt_k_attention_window_fwd/_bwd without a cap: windows of 1, 2, a
+ * under dt_k_attention_window_fwd/_bwd: windows of 1, 2, a
  * query block, a key block, one key either side of it, not a multiple of
  * 8, wider than a block; the same bits as the causal kernel for a window
- * of 0 or T or more, and on every ISA path); the fused bias + GELU against the
+ * of 0 or T or more, and on every ISA path), soft caps (the same bits on
+ * every ISA path and thread count; their values against a double
+ * reference: tests/autograd/test_llama_ops, and bf16:
+ * tests/kernels/test_attention_bf16); the fused bias + GELU against the
  * unfused kernels; the chunked cross-entropy (rows wider than one chunk)
  * against a plain double loop. */
 #include "dtrain/kernels.h"
@@ -200,14 +203,21 @@ TEST(attention_threads_identical)
     fill(dy, ny, 4, 1.0f);
     dt_rng_key key = dt_rng_key_make(1, DT_RNG_DROPOUT, 0, 0);
     int th0 = dt_get_num_threads();
-    for (int64_t w = 0; w <= 20; w += 20) { /* dropout, then a sliding window (the tasks' first keys move with
-                                               the threads' grouping of query blocks) */
+    /* dropout, then a sliding window (the tasks' first keys move with the threads' grouping of query blocks),
+       soft caps with and without one */
+    const struct {
+        int64_t window;
+        float cap;
+    } wc[4] = {{0, 0.0f}, {20, 0.0f}, {0, 0.3f}, {20, 50.0f}};
+    for (int k = 0; k < 4; k++) {
+        const int64_t w = wc[k].window;
+        const float cap = wc[k].cap;
         for (int r = 0; r < 2; r++) {
             dt_set_num_threads(r ? 2 : 1);
             y[r] = malloc((size_t)ny * 4), dq[r] = malloc((size_t)nq * 4);
-            if (w) {
-                ASSERT_OK(dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, w, 0.0f, y[r], lse));
-                ASSERT_OK(dt_k_attention_window_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, w, 0.0f, dq[r]));
+            if (w || cap > 0.0f) {
+                ASSERT_OK(dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, w, cap, y[r], lse));
+                ASSERT_OK(dt_k_attention_window_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, w, cap, dq[r]));
                 continue;
             }
             ASSERT_OK(dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, true, c.p, key, y[r], lse));
@@ -223,18 +233,22 @@ TEST(attention_threads_identical)
 
 /* An f32 qkv gives the same bits on the vector paths (the 4-key weighted
  * sums of the backward, the whole-head tiles, the 64- and 32-column running
- * sums, the 8-lane exponentials) as on the portable loops: shapes with D's tails (40, 24), a last
- * key block of fewer than 4 keys (T 131), causal or not, and dropout. */
+ * sums, the 8-lane exponentials and tanh) as on the portable loops: shapes with D's tails (40, 24), a last
+ * key block of fewer than 4 keys (T 131), causal or not, dropout, sliding windows and soft caps (0.3, 1 and
+ * 50; D 8 and 256). */
 TEST(attention_isa_paths_identical)
 {
     const cfg cases[] = {{2, 131, 2, 64, true, 0}, {1, 131, 3, 64, false, 0}, {2, 70, 2, 40, true, 0.2f},
                          {1, 67, 2, 24, false, 0}, {1, 200, 1, 80, true, 0}, {2, 150, 2, 40, true, 0},
-                         {1, 200, 2, 24, true, 0}};
-    const int64_t windows[] = {0, 0, 0, 0, 0, 37, 2}; /* the last two: sliding windows */
+                         {1, 200, 2, 24, true, 0},  {2, 131, 2, 64, true, 0}, {1, 150, 2, 40, true, 0},
+                         {2, 77, 2, 8, true, 0},    {1, 100, 1, 256, true, 0}};
+    const int64_t windows[] = {0, 0, 0, 0, 0, 37, 2, 0, 37, 5, 64}; /* from the sixth: sliding windows, caps */
+    const float caps[] = {0, 0, 0, 0, 0, 0, 0, 0.3f, 50.0f, 1.0f, 0.3f};
     const dt_k_isa isa0 = dt_k_get_isa();
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const cfg c = cases[k];
         const int64_t w = windows[k];
+        const float cap = caps[k];
         const int64_t C = c.H * c.D, nq = c.B * c.T * 3 * C, ny = c.B * c.T * C;
         float *qkv = malloc((size_t)nq * 4), *dy = malloc((size_t)ny * 4);
         float *lse = malloc((size_t)(c.B * c.H * c.T) * 4), *y[2], *dq[2];
@@ -244,9 +258,9 @@ TEST(attention_isa_paths_identical)
         for (int r = 0; r < 2; r++) {
             ASSERT_OK(dt_k_set_isa(r ? DT_K_ISA_SCALAR : isa0));
             y[r] = malloc((size_t)ny * 4), dq[r] = malloc((size_t)nq * 4);
-            if (w) {
-                ASSERT_OK(dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, w, 0.0f, y[r], lse));
-                ASSERT_OK(dt_k_attention_window_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, w, 0.0f, dq[r]));
+            if (w || cap > 0.0f) {
+                ASSERT_OK(dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, w, cap, y[r], lse));
+                ASSERT_OK(dt_k_attention_window_bwd(qkv, y[r], lse, dy, c.B, c.T, c.H, c.D, w, cap, dq[r]));
                 continue;
             }
             ASSERT_OK(dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, c.causal, c.p, key, y[r], lse));

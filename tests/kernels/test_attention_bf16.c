@@ -25,7 +25,9 @@
  * gradients' final rounding to bf16 (2^-8 of the value). lse within 2^-18
  * (1 + |lse|). The same with sliding windows (dt_k_attention_window_fwd_lp
  * and _bwd_lp): the tiles, the rows, and what a window hides staying
- * hidden although pairs of keys and rows straddle its edge. */
+ * hidden although pairs of keys and rows straddle its edge; and with soft
+ * caps (the scores capped before the softmax, dS times 1 - tanh^2 in the
+ * reference) on the tiles and on every path's rows. */
 #include "dtrain/kernels.h"
 #include "kernels/amx_tiles.h"
 #include "kernels/attention_amx.h"
@@ -150,8 +152,10 @@ static void worst(int k, double e, double bound)
 
 
 /* Check one case on the forced tiles against the double reference; returns the elements outside the bounds.
-   window > 0: the sliding window's entry points (c causal, no dropout), query i seeing the keys (i - window, i]. */
-static int64_t amx_case(att_case c, int64_t window, float *yk, float *gk)
+   window > 0 or cap > 0: the sliding window's entry points (c causal, no dropout), query i seeing the keys (i -
+   window, i], its scores s capped to cap tanh(s / cap) (dS times 1 - tanh^2; the bound's magnitudes of dS's inputs
+   keep no such factor: they cover the f32 tanh's error in it too). */
+static int64_t amx_case(att_case c, int64_t window, float cap, float *yk, float *gk)
 {
     const int64_t B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)D), ps = c.p > 0.0f ? 1.0 / (1.0 - c.p) : 1.0;
@@ -162,6 +166,7 @@ static int64_t amx_case(att_case c, int64_t window, float *yk, float *gk)
     float *gw = malloc((size_t)(B * T * C) * 4);
     uint16_t *xh = malloc((size_t)(B * T * C3) * 2), *dh = malloc((size_t)(B * T * C) * 2);
     double *P = malloc((size_t)(T * T) * 8), *dS = malloc((size_t)(T * T) * 8), *yr = malloc((size_t)(T * D) * 8);
+    double *dc = calloc((size_t)(T * T), 8); /* d c / d s: 1 - tanh^2 under a cap, else 1 (0 where P is) */
     const dt_rng_key key = dt_rng_key_make(77, DT_RNG_DROPOUT, 0, 0);
     dt_rng_fill_uniform(dt_rng_key_make(41, DT_RNG_DATA, 0, 0), 0, x, B * T * C3, -2.0f, 2.0f);
     dt_rng_fill_uniform(dt_rng_key_make(41, DT_RNG_DATA, 1, 0), 0, dy, B * T * C, -1.0f, 1.0f);
@@ -169,8 +174,9 @@ static int64_t amx_case(att_case c, int64_t window, float *yk, float *gk)
         dt_k_convert(dy, DT_F32, dh, DT_BF16, B * T * C) < 0 || dt_k_convert(dh, DT_BF16, gw, DT_F32, B * T * C) < 0)
         return -1;
     dt__attention_amx_force(g_tiles);
-    if (window > 0 ? dt_k_attention_window_fwd_lp(DT_BF16, xh, B, T, H, D, window, 0.0f, y, NULL, lse) < 0 ||
-                         dt_k_attention_window_bwd_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, window, 0.0f, g, NULL) < 0
+    if (window > 0 || cap > 0.0f
+            ? dt_k_attention_window_fwd_lp(DT_BF16, xh, B, T, H, D, window, cap, y, NULL, lse) < 0 ||
+                  dt_k_attention_window_bwd_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, window, cap, g, NULL) < 0
                    : dt_k_attention_fwd_heads_lp(DT_BF16, xh, B, T, H, D, 0, H, c.causal, c.p, key, y, NULL, lse) < 0 ||
                          dt_k_attention_bwd_heads_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, c.causal, c.p, key, g,
                                                      NULL) < 0)
@@ -196,7 +202,9 @@ static int64_t amx_case(att_case c, int64_t window, float *yk, float *gk)
                     double s = 0.0;
                     for (int64_t d = 0; d < D; d++)
                         s += Q_(i, d) * K_(j, d);
-                    P[i * T + j] = s * scale;
+                    const double th = cap > 0.0f ? tanh(s * scale / cap) : 0.0;
+                    P[i * T + j] = cap > 0.0f ? cap * th : s * scale;
+                    dc[i * T + j] = cap > 0.0f ? 1.0 - th * th : 1.0;
                     mx = P[i * T + j] > mx ? P[i * T + j] : mx;
                 }
                 for (int64_t j = j0; j < n; j++)
@@ -232,7 +240,7 @@ static int64_t amx_case(att_case c, int64_t window, float *yk, float *gk)
                         dpm += fabs(DY(i, d) * V_(j, d));
                     }
                     bool kp = dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= c.p;
-                    dS[i * T + j] = P[i * T + j] * ((kp ? dp * ps : 0.0) - Di) * scale;
+                    dS[i * T + j] = P[i * T + j] * ((kp ? dp * ps : 0.0) - Di) * dc[i * T + j] * scale;
                     m2[i * T + j] = P[i * T + j] * scale * (dpm * ps + fabs(Di));
                 }
             }
@@ -264,6 +272,7 @@ static int64_t amx_case(att_case c, int64_t window, float *yk, float *gk)
 #undef DY
         }
     free(x), free(dy), free(y), free(lse), free(g), free(xw), free(gw), free(xh), free(dh), free(P), free(dS), free(yr);
+    free(dc);
     return bad;
 }
 
@@ -286,7 +295,7 @@ TEST(amx_matches_reference)
         dt__amx_emul_stats e0, e1;
         dt__attention_amx_stats_get(&s0);
         dt__amx_emul_stats_get(&e0);
-        int64_t bad = amx_case(cases[n / 4], 0, NULL, NULL);
+        int64_t bad = amx_case(cases[n / 4], 0, 0.0f, NULL, NULL);
         dt__attention_amx_stats_get(&s1);
         dt__amx_emul_stats_get(&e1);
         if (bad)
@@ -318,7 +327,7 @@ TEST(rows_bf16_matches_reference)
     dt__attention_amx_stats s0, s1;
     dt__attention_amx_stats_get(&s0);
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++)
-        ASSERT_EQ_INT((long long)amx_case(cases[n], 0, NULL, NULL), 0);
+        ASSERT_EQ_INT((long long)amx_case(cases[n], 0, 0.0f, NULL, NULL), 0);
     dt__attention_amx_stats_get(&s1);
     dt__attention_amx_disable(false);
     g_tiles = keep_tiles;
@@ -348,7 +357,7 @@ TEST(amx_window_matches_reference)
             continue;
         dt__attention_amx_stats s0, s1;
         dt__attention_amx_stats_get(&s0);
-        int64_t bad = amx_case(g_window_cases[n / 4].c, g_window_cases[n / 4].window, NULL, NULL);
+        int64_t bad = amx_case(g_window_cases[n / 4].c, g_window_cases[n / 4].window, 0.0f, NULL, NULL);
         dt__attention_amx_stats_get(&s1);
         if (bad)
             printf("window case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4],
@@ -372,7 +381,7 @@ TEST(rows_bf16_window_matches_reference)
     dt__attention_amx_stats s0, s1;
     dt__attention_amx_stats_get(&s0);
     for (size_t n = 0; n < sizeof g_window_cases / sizeof g_window_cases[0]; n++)
-        ASSERT_EQ_INT((long long)amx_case(g_window_cases[n].c, g_window_cases[n].window, NULL, NULL), 0);
+        ASSERT_EQ_INT((long long)amx_case(g_window_cases[n].c, g_window_cases[n].window, 0.0f, NULL, NULL), 0);
     dt__attention_amx_stats_get(&s1);
     dt__attention_amx_disable(false);
     g_tiles = keep_tiles;
@@ -437,23 +446,90 @@ TEST(window_hides_nonfinite)
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 
+/* Soft caps (0.3: most scores on tanh's flat ends; 1; 50: Gemma 2's), with no window and with one, D 8, 64 and
+   256, T below and above the tiles' shortest sequence (dt_k_attention_lp_tiles: 64 with AMX, 96 on vdpbf16ps),
+   within the same bounds: on the tiles with each ISA path's row loops around them (the scores capped as they come
+   out of the tile products), then on the rows of each path (the tiles off: f32 rows over the widened qkv, the
+   avx512 fast rows, the avx512_bf16 rows). */
+static const struct {
+    att_case c;
+    int64_t window;
+    float cap;
+} g_cap_cases[] = {
+    {{1, 40, 2, 8, true, 0.0f}, 0, 0.3f},   {{2, 150, 2, 8, true, 0.0f}, 37, 1.0f},
+    {{1, 100, 2, 64, true, 0.0f}, 0, 50.0f}, {{2, 70, 1, 64, true, 0.0f}, 16, 0.3f},
+    {{1, 131, 2, 256, true, 0.0f}, 0, 1.0f}, {{1, 50, 1, 256, true, 0.0f}, 33, 50.0f},
+};
+
+TEST(amx_cap_matches_reference)
+{
+    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
+    const size_t nc = sizeof g_cap_cases / sizeof g_cap_cases[0];
+    memset(g_worst, 0, sizeof g_worst); /* the worst of these cases */
+    for (size_t n = 0; n < 4 * nc; n++) {
+        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
+            continue;
+        dt__attention_amx_stats s0, s1;
+        dt__attention_amx_stats_get(&s0);
+        int64_t bad = amx_case(g_cap_cases[n / 4].c, g_cap_cases[n / 4].window, g_cap_cases[n / 4].cap, NULL, NULL);
+        dt__attention_amx_stats_get(&s1);
+        if (bad)
+            printf("cap case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4],
+                   (long long)bad);
+        ASSERT_EQ_INT((long long)bad, 0);
+        ASSERT(s1.tasks > s0.tasks);
+        ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    printf("worst error / bound: lse %.3f y %.3f dq %.3f dk %.3f dv %.3f\n", g_worst[0], g_worst[1], g_worst[3],
+           g_worst[4], g_worst[5]);
+}
+
+TEST(rows_cap_matches_reference)
+{
+    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    const size_t nc = sizeof g_cap_cases / sizeof g_cap_cases[0];
+    const dt__amx_tiles *keep_tiles = g_tiles;
+    g_tiles = NULL;
+    dt__attention_amx_disable(true);
+    dt__attention_amx_stats s0, s1;
+    dt__attention_amx_stats_get(&s0);
+    for (size_t n = 0; n < 4 * nc; n++) {
+        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
+            continue;
+        int64_t bad = amx_case(g_cap_cases[n / 4].c, g_cap_cases[n / 4].window, g_cap_cases[n / 4].cap, NULL, NULL);
+        if (bad)
+            printf("cap case %zu on the rows of path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4],
+                   (long long)bad);
+        ASSERT_EQ_INT((long long)bad, 0);
+    }
+    dt__attention_amx_stats_get(&s1);
+    dt__attention_amx_disable(false);
+    g_tiles = keep_tiles;
+    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
 /* More threads than tasks and than cores: the same bits as one thread (each
  * task's sums run in a fixed order), the tiles released. */
 TEST(amx_threads_same_bits)
 {
-    /* then a sliding window: with 16 threads each query block is a task, packing the keys from its own first */
-    const att_case cs[2] = {{2, 40, 3, 64, true, 0.0f}, {2, 100, 3, 64, true, 0.0f}};
-    const int64_t windows[2] = {0, 20};
-    for (int k = 0; k < 2; k++) {
+    /* then a sliding window: with 16 threads each query block is a task, packing the keys from its own first; then
+       soft caps, with and without one */
+    const att_case cs[4] = {
+        {2, 40, 3, 64, true, 0.0f}, {2, 100, 3, 64, true, 0.0f}, {2, 40, 3, 64, true, 0.0f}, {2, 100, 3, 64, true, 0.0f}};
+    const int64_t windows[4] = {0, 20, 0, 20};
+    const float caps[4] = {0.0f, 0.0f, 0.3f, 50.0f};
+    for (int k = 0; k < 4; k++) {
         const att_case c = cs[k];
         const int64_t ny = c.B * c.T * c.H * c.D, ng = 3 * ny;
         float *y1 = malloc((size_t)ny * 4), *g1 = malloc((size_t)ng * 4), *y8 = malloc((size_t)ny * 4),
               *g8 = malloc((size_t)ng * 4);
         const int nt = dt_get_num_threads();
         dt_set_num_threads(1);
-        ASSERT_EQ_INT((long long)amx_case(c, windows[k], y1, g1), 0);
+        ASSERT_EQ_INT((long long)amx_case(c, windows[k], caps[k], y1, g1), 0);
         dt_set_num_threads(16);
-        ASSERT_EQ_INT((long long)amx_case(c, windows[k], y8, g8), 0);
+        ASSERT_EQ_INT((long long)amx_case(c, windows[k], caps[k], y8, g8), 0);
         dt_set_num_threads(nt);
         ASSERT(!memcmp(y1, y8, (size_t)ny * 4));
         ASSERT(!memcmp(g1, g8, (size_t)ng * 4));
@@ -603,6 +679,7 @@ static int run_tile_checks(void)
 {
     RUN(amx_matches_reference);
     RUN(amx_window_matches_reference);
+    RUN(amx_cap_matches_reference);
     RUN(amx_threads_same_bits);
     RUN(amx_nonfinite_falls_back);
     RUN(amx_nonfinite_every_lane);
@@ -628,6 +705,7 @@ int main(int argc, char **argv)
     RUN(attention_bf16_mask_hides_nonfinite);
     RUN(rows_bf16_matches_reference);
     RUN(rows_bf16_window_matches_reference);
+    RUN(rows_cap_matches_reference);
     RUN(window_hides_nonfinite);
     return run_tile_checks();
 }
