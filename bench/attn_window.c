@@ -26,10 +26,10 @@ static double wall_s(void)
 }
 
 /* One forward + backward: the seconds of each, or -1 on an error. */
-static int run(dt_ctx *ctx, dt_tensor *x, int H, int64_t window, float cap, bool plain, double *f, double *b)
+static int run(dt_ctx *ctx, dt_tensor *x, int H, int64_t window, float cap, bool windowed, double *f, double *b)
 {
     double t0 = wall_s();
-    dt_tensor *y = plain ? dt_attention_window(ctx, x, H, window, cap)
+    dt_tensor *y = windowed ? dt_attention_window(ctx, x, H, window, cap)
                          : dt_attention(ctx, x, H, true, 0.0f, false, (dt_rng_key){0});
     double t1 = wall_s();
     if (!y || dt_backward(ctx, dt_sum(ctx, y)) < 0)

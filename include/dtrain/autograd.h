@@ -349,13 +349,11 @@ DT_API dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, in
  * one; Mistral's and Gemma 2's sliding_window), its scores s = q.k /
  * sqrt(hd) become softcap tanh(s / softcap) before the softmax (softcap 0:
  * none; Gemma 2's attn_logit_softcapping). O(T window) work
- * (dt_k_attention_window_fwd). Without a cap it is dt_attention's blocked
- * kernel with the key blocks outside the window skipped, a bf16/f16 qkv
- * read as it is (dt_attention's numbers; a window of T or more, or 0,
- * gives dt_attention's bits); with a cap a plain kernel in f32: a bf16/f16
- * qkv is widened and the result rounded to its dtype. window >= 0 and
- * softcap finite and >= 0,
- * else DT_ERR_INVALID_ARG. The heads are independent, so a rank's heads
+ * (dt_k_attention_window_fwd): dt_attention's blocked kernel with the key
+ * blocks outside the window skipped and each block's scores capped as
+ * they are computed, a bf16/f16 qkv read as it is (dt_attention's numbers;
+ * a window of T or more, or 0, without a cap gives dt_attention's bits).
+ * window >= 0 and softcap finite and >= 0, else DT_ERR_INVALID_ARG. The heads are independent, so a rank's heads
  * under tensor parallelism need nothing more. */
 DT_API dt_tensor *dt_attention_window(dt_ctx *ctx, dt_tensor *qkv, int n_head, int64_t window, float softcap);
 /* Soft capping, Gemma 2's final_logit_softcapping: cap tanh(x / cap),
