@@ -1612,8 +1612,8 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
                 bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H,
                              bh % H, kt, dqkv, dqkv_lp);
             else if (kt)
-                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, kt, dqkv,
-                         dqkv_lp);
+                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, kt,
+                         dqkv, dqkv_lp);
         if (on)
             tiles->release();
         dt_free(kt);

@@ -516,8 +516,10 @@ TEST(amx_threads_same_bits)
 {
     /* then a sliding window: with 16 threads each query block is a task, packing the keys from its own first; then
        soft caps, with and without one */
-    const att_case cs[4] = {
-        {2, 40, 3, 64, true, 0.0f}, {2, 100, 3, 64, true, 0.0f}, {2, 40, 3, 64, true, 0.0f}, {2, 100, 3, 64, true, 0.0f}};
+    const att_case cs[4] = {{2, 40, 3, 64, true, 0.0f},
+                            {2, 100, 3, 64, true, 0.0f},
+                            {2, 40, 3, 64, true, 0.0f},
+                            {2, 100, 3, 64, true, 0.0f}};
     const int64_t windows[4] = {0, 20, 0, 20};
     const float caps[4] = {0.0f, 0.0f, 0.3f, 50.0f};
     for (int k = 0; k < 4; k++) {
