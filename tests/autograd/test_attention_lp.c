@@ -137,7 +137,7 @@ static dt_tensor *leaf(dt_dtype dt, int64_t b, int64_t t, int64_t c, const float
  * upstream gradient (specials: with a subnormal, a value that rounds to
  * infinity in dt, a signalling NaN, and so NaN gradients downstream, all
  * compared by bits). window > 0: dt_attention_window's sliding window
- * (causal, no dropout, no cap: the blocked kernel) instead. */
+ * (causal, no dropout, no cap; the same blocked kernel) instead. */
 static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p, bool specials,
                      int64_t window)
 {
