@@ -339,28 +339,34 @@ TEST(rows_bf16_matches_reference)
    keys inside one tile block, pairs of keys and rows split by the edge), 31, 32 and 33 (a tile block and one key
    either side), 64 and 65 (a key block of the rows), 100; odd and even, T not a multiple of 32 or 64, B and H
    above 1, D not a multiple of 32. On the tiles every task stays there (no fallback). */
-static const struct {
+/* A case with a sliding window (0 none) and a soft cap (0 none) */
+typedef struct {
     att_case c;
     int64_t window;
-} g_window_cases[] = {
-    {{1, 150, 2, 64, true, 0.0f}, 1},  {{2, 131, 2, 40, true, 0.0f}, 2},   {{1, 150, 3, 64, true, 0.0f}, 31},
-    {{2, 100, 2, 32, true, 0.0f}, 32}, {{1, 150, 2, 40, true, 0.0f}, 33},  {{1, 200, 2, 64, true, 0.0f}, 64},
-    {{2, 150, 2, 24, true, 0.0f}, 65}, {{1, 230, 1, 64, true, 0.0f}, 100},
+    float cap;
+} masked_case;
+
+static const masked_case g_window_cases[] = {
+    {{1, 150, 2, 64, true, 0.0f}, 1, 0.0f},  {{2, 131, 2, 40, true, 0.0f}, 2, 0.0f},
+    {{1, 150, 3, 64, true, 0.0f}, 31, 0.0f}, {{2, 100, 2, 32, true, 0.0f}, 32, 0.0f},
+    {{1, 150, 2, 40, true, 0.0f}, 33, 0.0f}, {{1, 200, 2, 64, true, 0.0f}, 64, 0.0f},
+    {{2, 150, 2, 24, true, 0.0f}, 65, 0.0f}, {{1, 230, 1, 64, true, 0.0f}, 100, 0.0f},
 };
 
-TEST(amx_window_matches_reference)
+/* Every case on the tiles of each path (scalar, AVX2, AVX-512 and the CPU's own), within the bounds, the tiles
+ * taking every task (no fallback to the rows) */
+static void amx_cases_on_paths(const char *what, const masked_case *cases, size_t nc)
 {
     static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
-    const size_t nc = sizeof g_window_cases / sizeof g_window_cases[0];
-    for (size_t n = 0; n < 4 * nc; n++) { /* every case on each path's rows */
+    for (size_t n = 0; n < 4 * nc; n++) {
         if (dt_k_set_isa(paths[n % 4]) != DT_OK)
             continue;
         dt__attention_amx_stats s0, s1;
         dt__attention_amx_stats_get(&s0);
-        int64_t bad = amx_case(g_window_cases[n / 4].c, g_window_cases[n / 4].window, 0.0f, NULL, NULL);
+        int64_t bad = amx_case(cases[n / 4].c, cases[n / 4].window, cases[n / 4].cap, NULL, NULL);
         dt__attention_amx_stats_get(&s1);
         if (bad)
-            printf("window case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4],
+            printf("%s case %zu on path %d: %lld elements outside the bound\n", what, n / 4, (int)paths[n % 4],
                    (long long)bad);
         ASSERT_EQ_INT((long long)bad, 0);
         ASSERT(s1.tasks > s0.tasks);
@@ -369,6 +375,11 @@ TEST(amx_window_matches_reference)
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
     printf("worst error / bound: lse %.3f y %.3f dq %.3f dk %.3f dv %.3f\n", g_worst[0], g_worst[1], g_worst[3],
            g_worst[4], g_worst[5]);
+}
+
+TEST(amx_window_matches_reference)
+{
+    amx_cases_on_paths("window", g_window_cases, sizeof g_window_cases / sizeof g_window_cases[0]);
 }
 
 TEST(rows_bf16_window_matches_reference)
@@ -381,7 +392,8 @@ TEST(rows_bf16_window_matches_reference)
     dt__attention_amx_stats s0, s1;
     dt__attention_amx_stats_get(&s0);
     for (size_t n = 0; n < sizeof g_window_cases / sizeof g_window_cases[0]; n++)
-        ASSERT_EQ_INT((long long)amx_case(g_window_cases[n].c, g_window_cases[n].window, 0.0f, NULL, NULL), 0);
+        ASSERT_EQ_INT((long long)amx_case(g_window_cases[n].c, g_window_cases[n].window, g_window_cases[n].cap, NULL,
+                                          NULL), 0);
     dt__attention_amx_stats_get(&s1);
     dt__attention_amx_disable(false);
     g_tiles = keep_tiles;
@@ -451,11 +463,7 @@ TEST(window_hides_nonfinite)
    within the same bounds: on the tiles with each ISA path's row loops around them (the scores capped as they come
    out of the tile products), then on the rows of each path (the tiles off: f32 rows over the widened qkv, the
    avx512 fast rows, the avx512_bf16 rows). */
-static const struct {
-    att_case c;
-    int64_t window;
-    float cap;
-} g_cap_cases[] = {
+static const masked_case g_cap_cases[] = {
     {{1, 40, 2, 8, true, 0.0f}, 0, 0.3f},   {{2, 150, 2, 8, true, 0.0f}, 37, 1.0f},
     {{1, 100, 2, 64, true, 0.0f}, 0, 50.0f}, {{2, 70, 1, 64, true, 0.0f}, 16, 0.3f},
     {{1, 131, 2, 256, true, 0.0f}, 0, 1.0f}, {{1, 50, 1, 256, true, 0.0f}, 33, 50.0f},
@@ -463,26 +471,8 @@ static const struct {
 
 TEST(amx_cap_matches_reference)
 {
-    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
-    const size_t nc = sizeof g_cap_cases / sizeof g_cap_cases[0];
     memset(g_worst, 0, sizeof g_worst); /* the worst of these cases */
-    for (size_t n = 0; n < 4 * nc; n++) {
-        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
-            continue;
-        dt__attention_amx_stats s0, s1;
-        dt__attention_amx_stats_get(&s0);
-        int64_t bad = amx_case(g_cap_cases[n / 4].c, g_cap_cases[n / 4].window, g_cap_cases[n / 4].cap, NULL, NULL);
-        dt__attention_amx_stats_get(&s1);
-        if (bad)
-            printf("cap case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4],
-                   (long long)bad);
-        ASSERT_EQ_INT((long long)bad, 0);
-        ASSERT(s1.tasks > s0.tasks);
-        ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
-    }
-    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
-    printf("worst error / bound: lse %.3f y %.3f dq %.3f dk %.3f dv %.3f\n", g_worst[0], g_worst[1], g_worst[3],
-           g_worst[4], g_worst[5]);
+    amx_cases_on_paths("cap", g_cap_cases, sizeof g_cap_cases / sizeof g_cap_cases[0]);
 }
 
 TEST(rows_cap_matches_reference)
