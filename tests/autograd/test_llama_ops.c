@@ -438,6 +438,44 @@ static dt_tensor *window_leaf(dt_dtype dt, int64_t B, int64_t T, int64_t N, cons
    tests/kernels/test_attention's bound); bf16 (probabilities rounded to bf16 on the avx512_bf16 path, the result and
    the gradient rounded to bf16): within 2^-7 of the largest |value| (kernels.h's bound in the tests) plus one
    rounding. Then a window of T or more, or 0, is dt_attention, bit for bit, forward and backward, both dtypes. */
+/* dt_attention_window(window w, cap) of the values xs (qkv [B, TT, 3 H D]) and its backward with the output
+ * gradient rs, both held in dt, on every ISA path the CPU has, against the double reference yr, gr
+ * (window_ref): y and dqkv within their bounds (f32: y |err| <= ya + yrel |ref|, dqkv <= grel of the largest;
+ * bf16: 2^-7 + 2^-8 relative), the worst fractions of the bounds kept in *wy and *wg */
+static void window_on_paths(dt_ctx *ctx, dt_dtype dt, int64_t B, int64_t TT, int64_t H, int64_t D, int64_t w,
+                            float cap, const float *xs, const float *rs, const double *yr, const double *gr, double ya,
+                            double yrel, double grel, double *wy, double *wg)
+{
+    const int64_t C = H * D;
+    for (int pi = 0; pi < 4; pi++) {
+        if (dt_k_set_isa(g_isas[pi]) != DT_OK)
+            continue;
+        dt_tensor *x = window_leaf(dt, B, TT, 3 * C, xs);
+        dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, TT, C), (float *)rs);
+        dt_tensor *y = x && R ? dt_attention_window(ctx, x, (int)H, w, cap) : NULL;
+        ASSERT(y && y->dtype == dt);
+        ASSERT_OK(dt_backward_with(ctx, y, R));
+        float *yf = malloc((size_t)(B * TT * C) * 4), *gf = malloc((size_t)(B * TT * 3 * C) * 4);
+        ASSERT_OK(dt_k_convert(y->data, dt, yf, DT_F32, B * TT * C));
+        ASSERT_OK(dt_k_convert(x->grad->data, x->grad->dtype, gf, DT_F32, B * TT * 3 * C)); /* dt's grad */
+        const double ey = dt == DT_F32 ? worst_ratio(yf, yr, B * TT * C, ya, yrel)
+                                       : worst_ratio(yf, yr, B * TT * C, 0, 0x1p-7 + 0x1p-8);
+        const double eg = dt == DT_F32 ? worst_ratio(gf, gr, B * TT * 3 * C, 0, grel)
+                                       : worst_ratio(gf, gr, B * TT * 3 * C, 0, 0x1p-7 + 0x1p-8);
+        if (!(ey <= 1 && eg <= 1))
+            fprintf(stderr, "  %s, T %lld, D %lld, window %lld, cap %g (%s): y at %.3g of its bound, dqkv at %.3g\n",
+                    dt_dtype_name(dt), (long long)TT, (long long)D, (long long)w, (double)cap,
+                    dt_k_isa_name(g_isas[pi]), ey, eg);
+        ASSERT(ey <= 1 && eg <= 1);
+        *wy = fmax(*wy, ey);
+        *wg = fmax(*wg, eg);
+        free(yf);
+        free(gf);
+        dt_tensor_free(x);
+        dt_ctx_reset(ctx);
+    }
+}
+
 TEST(window_blocked_reference)
 {
     enum { B = 2, H = 3, D = 16, C = H * D, TM = 150 };
@@ -468,32 +506,7 @@ TEST(window_blocked_reference)
                 memcpy(rs + b * TT * C, rv + b * TM * C, (size_t)(TT * C) * 4);
             }
             window_ref(xs, rs, B, TT, H, D, w, 0, yr, gr);
-            for (int pi = 0; pi < 4; pi++) {
-                if (dt_k_set_isa(g_isas[pi]) != DT_OK)
-                    continue;
-                dt_tensor *x = window_leaf(dt, B, TT, 3 * C, xs);
-                dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, TT, C), rs);
-                dt_tensor *y = x && R ? dt_attention_window(ctx, x, H, w, 0.0f) : NULL;
-                ASSERT(y && y->dtype == dt);
-                ASSERT_OK(dt_backward_with(ctx, y, R));
-                float *yf = malloc((size_t)(B * TT * C) * 4), *gf = malloc((size_t)(B * TT * 3 * C) * 4);
-                ASSERT_OK(dt_k_convert(y->data, dt, yf, DT_F32, B * TT * C));
-                ASSERT_OK(dt_k_convert(x->grad->data, x->grad->dtype, gf, DT_F32, B * TT * 3 * C)); /* dt's grad */
-                const double ey = dt == DT_F32 ? worst_ratio(yf, yr, B * TT * C, 2e-6, 0)
-                                               : worst_ratio(yf, yr, B * TT * C, 0, 0x1p-7 + 0x1p-8);
-                const double eg = dt == DT_F32 ? worst_ratio(gf, gr, B * TT * 3 * C, 0, 2e-6)
-                                               : worst_ratio(gf, gr, B * TT * 3 * C, 0, 0x1p-7 + 0x1p-8);
-                if (!(ey <= 1 && eg <= 1))
-                    fprintf(stderr, "  %s, T %lld, window %lld (%s): y at %.3g of its bound, dqkv at %.3g\n",
-                            dt_dtype_name(dt), (long long)TT, (long long)w, dt_k_isa_name(g_isas[pi]), ey, eg);
-                ASSERT(ey <= 1 && eg <= 1);
-                worst_y = fmax(worst_y, ey);
-                worst_g = fmax(worst_g, eg);
-                free(yf);
-                free(gf);
-                dt_tensor_free(x);
-                dt_ctx_reset(ctx);
-            }
+            window_on_paths(ctx, dt, B, TT, H, D, w, 0.0f, xs, rs, yr, gr, 2e-6, 0, 2e-6, &worst_y, &worst_g);
             free(xs);
             free(rs);
         }
@@ -574,34 +587,9 @@ TEST(window_cap_blocked_reference)
             for (int64_t i = 0; i < B * TT * C && dt != DT_F32; i++)
                 rs[i] = dt_bf16_to_f32(dt_f32_to_bf16(rs[i]));
             window_ref(xs, rs, B, TT, H, D, w, cap, yr, gr);
-            for (int pi = 0; pi < 4; pi++) {
-                if (dt_k_set_isa(g_isas[pi]) != DT_OK)
-                    continue;
-                dt_tensor *x = window_leaf(dt, B, TT, 3 * C, xs);
-                dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, TT, C), rs);
-                dt_tensor *y = x && R ? dt_attention_window(ctx, x, H, w, cap) : NULL;
-                ASSERT(y && y->dtype == dt);
-                ASSERT_OK(dt_backward_with(ctx, y, R));
-                float *yf = malloc((size_t)(B * TT * C) * 4), *gf = malloc((size_t)(B * TT * 3 * C) * 4);
-                ASSERT_OK(dt_k_convert(y->data, dt, yf, DT_F32, B * TT * C));
-                ASSERT_OK(dt_k_convert(x->grad->data, x->grad->dtype, gf, DT_F32, B * TT * 3 * C));
-                const double sd = cases[k].sd;
-                const double ey = dt == DT_F32 ? worst_ratio(yf, yr, B * TT * C, sd > 1 ? 0 : 2e-6, sd > 1 ? 1e-5 : 0)
-                                               : worst_ratio(yf, yr, B * TT * C, 0, 0x1p-7 + 0x1p-8);
-                const double eg = dt == DT_F32 ? worst_ratio(gf, gr, B * TT * 3 * C, 0, sd > 1 ? 1e-5 : 2e-6)
-                                               : worst_ratio(gf, gr, B * TT * 3 * C, 0, 0x1p-7 + 0x1p-8);
-                if (!(ey <= 1 && eg <= 1))
-                    fprintf(stderr, "  %s, T %lld, D %lld, window %lld, cap %g (%s): y at %.3g of its bound, dqkv at "
-                            "%.3g\n", dt_dtype_name(dt), (long long)TT, (long long)D, (long long)w, (double)cap,
-                            dt_k_isa_name(g_isas[pi]), ey, eg);
-                ASSERT(ey <= 1 && eg <= 1);
-                worst_y = fmax(worst_y, ey);
-                worst_g = fmax(worst_g, eg);
-                free(yf);
-                free(gf);
-                dt_tensor_free(x);
-                dt_ctx_reset(ctx);
-            }
+            const double sd = cases[k].sd;
+            window_on_paths(ctx, dt, B, TT, H, D, w, cap, xs, rs, yr, gr, sd > 1 ? 0 : 2e-6, sd > 1 ? 1e-5 : 0,
+                            sd > 1 ? 1e-5 : 2e-6, &worst_y, &worst_g);
             free(xs);
             free(rs);
             free(yr);
