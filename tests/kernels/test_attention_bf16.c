@@ -314,31 +314,6 @@ TEST(amx_matches_reference)
            g_worst[4], g_worst[5]);
 }
 
-/* The avx512_bf16 rows (vdpbf16ps; the tiles off) within the same bounds
- * (kernels.h states them for both). */
-TEST(rows_bf16_matches_reference)
-{
-    if (dt_k_set_isa(DT_K_ISA_AVX512_BF16) != DT_OK)
-        DT_TEST_SKIP("no avx512_bf16 path on this CPU (or capped by DT_MAX_CPU_ISA)");
-    const att_case cases[] = {{1, 70, 2, 64, true, 0.0f}, {2, 33, 3, 40, false, 0.0f}, {2, 45, 2, 64, true, 0.2f}};
-    const dt__amx_tiles *keep_tiles = g_tiles;
-    g_tiles = NULL;
-    dt__attention_amx_disable(true);
-    dt__attention_amx_stats s0, s1;
-    dt__attention_amx_stats_get(&s0);
-    for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++)
-        ASSERT_EQ_INT((long long)amx_case(cases[n], 0, 0.0f, NULL, NULL), 0);
-    dt__attention_amx_stats_get(&s1);
-    dt__attention_amx_disable(false);
-    g_tiles = keep_tiles;
-    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
-    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
-}
-
-/* Sliding windows on the tiles and on the avx512_bf16 rows, within the same bounds: windows 1 and 2 (a row's
-   keys inside one tile block, pairs of keys and rows split by the edge), 31, 32 and 33 (a tile block and one key
-   either side), 64 and 65 (a key block of the rows), 100; odd and even, T not a multiple of 32 or 64, B and H
-   above 1, D not a multiple of 32. On the tiles every task stays there (no fallback). */
 /* A case with a sliding window (0 none) and a soft cap (0 none) */
 typedef struct {
     att_case c;
@@ -346,6 +321,48 @@ typedef struct {
     float cap;
 } masked_case;
 
+/* Every case on the rows of each of the paths the CPU has (the tiles off: no task may take them), within the
+ * bounds */
+static void rows_cases_on_paths(const char *what, const dt_k_isa *paths, size_t np, const masked_case *cases,
+                                size_t nc)
+{
+    const dt__amx_tiles *keep_tiles = g_tiles;
+    g_tiles = NULL;
+    dt__attention_amx_disable(true);
+    dt__attention_amx_stats s0, s1;
+    dt__attention_amx_stats_get(&s0);
+    for (size_t n = 0; n < np * nc; n++) {
+        if (dt_k_set_isa(paths[n % np]) != DT_OK)
+            continue;
+        int64_t bad = amx_case(cases[n / np].c, cases[n / np].window, cases[n / np].cap, NULL, NULL);
+        if (bad)
+            printf("%s case %zu on the rows of path %d: %lld elements outside the bound\n", what, n / np,
+                   (int)paths[n % np], (long long)bad);
+        ASSERT_EQ_INT((long long)bad, 0);
+    }
+    dt__attention_amx_stats_get(&s1);
+    dt__attention_amx_disable(false);
+    g_tiles = keep_tiles;
+    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+/* The avx512_bf16 rows (vdpbf16ps; the tiles off) within the same bounds
+ * (kernels.h states them for both). */
+TEST(rows_bf16_matches_reference)
+{
+    if (dt_k_set_isa(DT_K_ISA_AVX512_BF16) != DT_OK)
+        DT_TEST_SKIP("no avx512_bf16 path on this CPU (or capped by DT_MAX_CPU_ISA)");
+    static const masked_case cases[] = {{{1, 70, 2, 64, true, 0.0f}, 0, 0.0f},
+                                        {{2, 33, 3, 40, false, 0.0f}, 0, 0.0f},
+                                        {{2, 45, 2, 64, true, 0.2f}, 0, 0.0f}};
+    rows_cases_on_paths("plain", (const dt_k_isa[]){DT_K_ISA_AVX512_BF16}, 1, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Sliding windows on the tiles and on the avx512_bf16 rows, within the same bounds: windows 1 and 2 (a row's
+   keys inside one tile block, pairs of keys and rows split by the edge), 31, 32 and 33 (a tile block and one key
+   either side), 64 and 65 (a key block of the rows), 100; odd and even, T not a multiple of 32 or 64, B and H
+   above 1, D not a multiple of 32. On the tiles every task stays there (no fallback). */
 static const masked_case g_window_cases[] = {
     {{1, 150, 2, 64, true, 0.0f}, 1, 0.0f},  {{2, 131, 2, 40, true, 0.0f}, 2, 0.0f},
     {{1, 150, 3, 64, true, 0.0f}, 31, 0.0f}, {{2, 100, 2, 32, true, 0.0f}, 32, 0.0f},
@@ -386,19 +403,8 @@ TEST(rows_bf16_window_matches_reference)
 {
     if (dt_k_set_isa(DT_K_ISA_AVX512_BF16) != DT_OK)
         DT_TEST_SKIP("no avx512_bf16 path on this CPU (or capped by DT_MAX_CPU_ISA)");
-    const dt__amx_tiles *keep_tiles = g_tiles;
-    g_tiles = NULL;
-    dt__attention_amx_disable(true);
-    dt__attention_amx_stats s0, s1;
-    dt__attention_amx_stats_get(&s0);
-    for (size_t n = 0; n < sizeof g_window_cases / sizeof g_window_cases[0]; n++)
-        ASSERT_EQ_INT((long long)amx_case(g_window_cases[n].c, g_window_cases[n].window, g_window_cases[n].cap, NULL,
-                                          NULL), 0);
-    dt__attention_amx_stats_get(&s1);
-    dt__attention_amx_disable(false);
-    g_tiles = keep_tiles;
-    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
-    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    rows_cases_on_paths("window", (const dt_k_isa[]){DT_K_ISA_AVX512_BF16}, 1, g_window_cases,
+                        sizeof g_window_cases / sizeof g_window_cases[0]);
 }
 
 /* What a window hides stays hidden although the bf16 products pair keys (2m, 2m + 1) and rows (2m, 2m + 1): infinite
@@ -478,26 +484,7 @@ TEST(amx_cap_matches_reference)
 TEST(rows_cap_matches_reference)
 {
     static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-    const size_t nc = sizeof g_cap_cases / sizeof g_cap_cases[0];
-    const dt__amx_tiles *keep_tiles = g_tiles;
-    g_tiles = NULL;
-    dt__attention_amx_disable(true);
-    dt__attention_amx_stats s0, s1;
-    dt__attention_amx_stats_get(&s0);
-    for (size_t n = 0; n < 4 * nc; n++) {
-        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
-            continue;
-        int64_t bad = amx_case(g_cap_cases[n / 4].c, g_cap_cases[n / 4].window, g_cap_cases[n / 4].cap, NULL, NULL);
-        if (bad)
-            printf("cap case %zu on the rows of path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4],
-                   (long long)bad);
-        ASSERT_EQ_INT((long long)bad, 0);
-    }
-    dt__attention_amx_stats_get(&s1);
-    dt__attention_amx_disable(false);
-    g_tiles = keep_tiles;
-    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
-    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    rows_cases_on_paths("cap", paths, 4, g_cap_cases, sizeof g_cap_cases / sizeof g_cap_cases[0]);
 }
 
 /* More threads than tasks and than cores: the same bits as one thread (each
