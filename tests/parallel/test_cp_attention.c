@@ -226,6 +226,8 @@ typedef struct {
     int64_t H;      /* 0: 4 */
     int64_t window; /* with causal: a sliding window (0 none) */
     float cap;      /* and a soft cap (0 none); either: the window kernels are the reference */
+    float p;        /* Ulysses: dropout on the probabilities (0 none) over heads [h0, h0 + H) of a layer of Ht */
+    int64_t h0, Ht; /* (Ht 0: H) */
 } ring_case;
 
 static int body_ring(int rank, int P, void *arg)
@@ -250,12 +252,14 @@ static int body_ring(int rank, int P, void *arg)
     float *dq = malloc(sizeof(float) * (size_t)(B * T * 3 * C));
     TH_CHECK(qkv && dy && y && lse && dq, "out of memory");
     const bool win = rc->window || rc->cap;
+    const int64_t Ht = rc->Ht ? rc->Ht : H;
+    const dt_rng_key key = dt_rng_key_make(11, DT_RNG_DROPOUT, 3, 1);
     if (win) {
         TH_OK(dt_k_attention_window_fwd(qkv, B, T, H, D, rc->window, rc->cap, y, lse));
         TH_OK(dt_k_attention_window_bwd(qkv, y, lse, dy, B, T, H, D, rc->window, rc->cap, dq));
     } else {
-        TH_OK(dt_k_attention_fwd(qkv, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, y, lse));
-        TH_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, dq));
+        TH_OK(dt_k_attention_fwd_heads(qkv, B, T, H, D, rc->h0, Ht, rc->causal, rc->p, key, y, lse));
+        TH_OK(dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, rc->h0, Ht, rc->causal, rc->p, key, dq));
     }
     dt_cp_layout L;
     TH_OK(dt_cp_layout_make(rank, P, T, rc->balance, &L));
@@ -276,6 +280,9 @@ static int body_ring(int rank, int P, void *arg)
     } else if (win) {
         TH_OK(dt_cp_attention_window_fwd(pg, &L, lq, B, H, D, rc->window, rc->cap, ly, ll));
         TH_OK(dt_cp_attention_window_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->window, rc->cap, ld));
+    } else if (rc->ulysses && (rc->p > 0.0f || rc->Ht)) {
+        TH_OK(dt_cp_ulysses_heads_fwd(pg, &L, lq, B, H, D, rc->h0, Ht, rc->causal, rc->p, key, ly, ll));
+        TH_OK(dt_cp_ulysses_heads_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->h0, Ht, rc->causal, rc->p, key, ld));
     } else if (rc->ulysses) {
         TH_OK(dt_cp_ulysses_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
         TH_OK(dt_cp_ulysses_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
@@ -300,9 +307,9 @@ static int body_ring(int rank, int P, void *arg)
                 worst = e > worst ? e : worst;
             }
         }
-    TH_CHECK(worst <= TOL, "%s cp %d, T %lld, balance %d, causal %d, window %lld, cap %g: largest difference %.3g",
-             rc->ulysses ? "Ulysses" : "ring", P, (long long)T, rc->balance, rc->causal, (long long)rc->window,
-             (double)rc->cap, worst);
+    TH_CHECK(worst <= TOL, "%s cp %d, T %lld, balance %d, causal %d, window %lld, cap %g, dropout %g, heads %lld of "
+             "%lld: largest difference %.3g", rc->ulysses ? "Ulysses" : "ring", P, (long long)T, rc->balance, rc->causal,
+             (long long)rc->window, (double)rc->cap, (double)rc->p, (long long)rc->h0, (long long)Ht, worst);
     free(qkv), free(dy), free(y), free(lse), free(dq), free(lq), free(ldy), free(ly), free(ll), free(ld);
     dt_pg_free(pg);
     return 0;
@@ -310,13 +317,13 @@ static int body_ring(int rank, int P, void *arg)
 
 static void ring(int P, int64_t T, bool balance, bool causal)
 {
-    ring_case rc = {T, balance, causal, false, 0, 0, 0.0f};
+    ring_case rc = {T, balance, causal, false, 0, 0, 0.0f, 0.0f, 0, 0};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
 static void ulysses(int P, int64_t T, bool balance, bool causal, int64_t H)
 {
-    ring_case rc = {T, balance, causal, true, H, 0, 0.0f};
+    ring_case rc = {T, balance, causal, true, H, 0, 0.0f, 0.0f, 0, 0};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
@@ -326,13 +333,13 @@ static void ulysses(int P, int64_t T, bool balance, bool causal, int64_t H)
  * across its edge masked) */
 static void ulysses_window(int P, int64_t window, float cap)
 {
-    ring_case rc = {24, true, true, true, 4, window, cap};
+    ring_case rc = {24, true, true, true, 4, window, cap, 0.0f, 0, 0};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
 static void ring_window(int P, int64_t T, bool balance, int64_t window, float cap)
 {
-    ring_case rc = {T, balance, true, false, 4, window, cap};
+    ring_case rc = {T, balance, true, false, 4, window, cap, 0.0f, 0, 0};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
@@ -358,6 +365,18 @@ TEST(ring_cp4_window)
 TEST(ring_cp2_soft_cap) { ring_window(2, 24, true, 0, 0.8f); }
 TEST(ring_cp4_window_and_cap) { ring_window(4, 40, true, 7, 0.8f); }
 
+/* Ulysses with dropout 0.3 on heads [4, 8) of a layer of 12 (a tp rank's heads): each cp rank's heads of the
+ * whole sequence draw their part of the layer's mask, so y, lse and dqkv are the whole-sequence kernel's with the
+ * same mask (a wrong head offset or position draws another mask: far outside the bound); causal and not */
+static void ulysses_dropout(int P, int64_t T, bool balance, bool causal)
+{
+    ring_case rc = {T, balance, causal, true, 4, 0, 0.0f, 0.3f, 4, 12};
+    ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
+}
+
+TEST(ulysses_cp2_dropout_balanced_causal) { ulysses_dropout(2, 24, true, true); }
+TEST(ulysses_cp4_dropout_plain_full) { ulysses_dropout(4, 16, false, false); }
+
 /* Bad windows and caps are refused by both attentions before any exchange (no rank waits) */
 static int body_bad_masks(int rank, int P, void *arg)
 {
@@ -377,6 +396,11 @@ static int body_bad_masks(int rank, int P, void *arg)
              "ring backward cap -1: %s", dt_last_error());
     TH_CHECK(dt_cp_ulysses_window_bwd(pg, &L, x, x, x, x, 1, 4, 8, 0, INFINITY, x) == DT_ERR_INVALID_ARG,
              "Ulysses backward cap inf: %s", dt_last_error());
+    const dt_rng_key key = dt_rng_key_make(1, DT_RNG_DROPOUT, 0, 0);
+    TH_CHECK(dt_cp_ulysses_heads_fwd(pg, &L, x, 1, 4, 8, 0, 4, true, 1.0f, key, x, x) == DT_ERR_INVALID_ARG &&
+                 strstr(dt_last_error(), "dropout"), "Ulysses dropout 1: %s", dt_last_error());
+    TH_CHECK(dt_cp_ulysses_heads_bwd(pg, &L, x, x, x, x, 1, 4, 8, 2, 4, true, 0.1f, key, x) == DT_ERR_INVALID_ARG &&
+                 strstr(dt_last_error(), "not inside a layer"), "Ulysses heads [2, 6) of 4: %s", dt_last_error());
     dt_pg_free(pg);
     return 0;
 }
@@ -402,6 +426,8 @@ int main(void)
     RUN(ulysses_cp2_sliding_window);
     RUN(ulysses_cp2_soft_cap);
     RUN(ulysses_cp4_window_and_cap);
+    RUN(ulysses_cp2_dropout_balanced_causal);
+    RUN(ulysses_cp4_dropout_plain_full);
     RUN(ring_cp2_window);
     RUN(ring_cp4_window);
     RUN(ring_cp2_soft_cap);

@@ -209,6 +209,48 @@ TEST(attention_bf16_widened)
     ASSERT_EQ_INT(th_run(2, 60.0, body_bf16, &impl, NULL), 0);
 }
 
+/* dt_cp_attention_heads: dropout while training runs under Ulysses and is refused by the ring naming Ulysses (in
+ * eval the ring takes it: no dropout there); heads outside the layer and p outside [0, 1) are refused */
+static int body_heads(int rank, int P, void *arg)
+{
+    (void)arg;
+    const int64_t Tl = 8 / P, H = 2, C = 8;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, P, NULL, &pg));
+    dt_cp_params p = dt_cp_params_default();
+    p.group = pg;
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *q = dt_tensor_new(DT_F32, 3, (int64_t[]){1, Tl, 3 * C});
+    TH_CHECK(q != NULL, "out of memory");
+    for (int64_t i = 0; i < Tl * 3 * C; i++)
+        TH_OK(dt_tensor_set(q, i, (float)sin(0.3 * (double)(i + rank * 100))));
+    const dt_rng_key key = dt_rng_key_make(5, DT_RNG_DROPOUT, 0, 0);
+    TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 0, (int)H, true, 0.2f, true, key) &&
+                 dt_last_status() == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "--cp-impl ulysses"),
+             "ring with dropout: %s", dt_last_error());
+    TH_CHECK(dt_cp_attention_heads(ctx, &p, q, (int)H, 0, (int)H, true, 0.2f, false, key) != NULL,
+             "ring in eval: %s", dt_last_error());
+    TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 1, (int)H, true, 0.0f, true, key) &&
+                 dt_last_status() == DT_ERR_INVALID_ARG, "heads [1, 3) of 2: %s", dt_last_error());
+    TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 0, (int)H, true, 1.0f, true, key) &&
+                 dt_last_status() == DT_ERR_INVALID_ARG, "dropout 1: %s", dt_last_error());
+    p.impl = DT_CP_ULYSSES;
+    dt_tensor *y0 = dt_cp_attention_heads(ctx, &p, q, (int)H, 2, 6, true, 0.0f, true, key);
+    dt_tensor *y1 = dt_cp_attention_heads(ctx, &p, q, (int)H, 2, 6, true, 0.5f, true, key);
+    TH_CHECK(y0 && y1, "Ulysses with dropout: %s", dt_last_error());
+    int differ = 0;
+    for (int64_t i = 0; i < Tl * C; i++)
+        differ += dt_tensor_get(y0, i) != dt_tensor_get(y1, i);
+    TH_CHECK(differ > 0, "dropout 0.5 changed nothing");
+    dt_tensor_free(q);
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(attention_heads_dropout) { ASSERT_EQ_INT(th_run(2, 60.0, body_heads, NULL, NULL), 0); }
+
 TEST(impl_names)
 {
     dt_cp_impl k;
@@ -225,6 +267,7 @@ int main(void)
     RUN(loss_uneven_counts);
     RUN(check_names_the_numbers);
     RUN(attention_bf16_widened);
+    RUN(attention_heads_dropout);
     RUN(impl_names);
     RUN(local_rows);
     RUN(rope_at_positions);

@@ -327,12 +327,36 @@ static dt_status ulysses_args(const char *fn, dt_pg *cp, const dt_cp_layout *l, 
 }
 
 
+/* The whole-sequence kernel's dropout for the rank's heads after the exchange: heads [h0 + r Hp, h0 + (r+1) Hp)
+ * of the layer's Ht (rank r of the group; h0, Ht: the heads of the layer these H are), so the group draws the
+ * single-process mask; checked before any exchange, alike on every rank */
+typedef struct {
+    float p;
+    dt_rng_key key;
+    int64_t h0, Ht;
+} ulysses_drop;
+
+static dt_status drop_args(const char *fn, int64_t H, int64_t window, float cap, const ulysses_drop *dr)
+{
+    if (!(dr->p >= 0.0f && dr->p < 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: dropout probability %g is outside [0, 1)", fn, (double)dr->p);
+    if (dr->h0 < 0 || dr->Ht < dr->h0 + H)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: heads [%lld, %lld) are not inside a layer of %lld", fn,
+                        (long long)dr->h0, (long long)(dr->h0 + H), (long long)dr->Ht);
+    if (dr->p > 0.0f && (window > 0 || cap > 0.0f))
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dropout with a sliding window or a soft cap is not supported", fn);
+    return DT_OK;
+}
+
 static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
-                             int64_t D, bool causal, int64_t window, float cap, float *y, float *lse)
+                             int64_t D, bool causal, int64_t window, float cap, const ulysses_drop *dr, float *y,
+                             float *lse)
 {
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
+    if (st >= 0)
+        st = drop_args(fn, H, window, cap, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -345,8 +369,9 @@ static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = heads_exchange(cp, l, (float *)qkv, B, 3, H, D, qg, false);
     if (st >= 0)
-        st = causal ? dt_k_attention_window_fwd(qg, B, T, Hp, D, window, cap, yg, lg) /* it chooses the kernel */
-                    : dt_k_attention_fwd(qg, B, T, Hp, D, false, 0.0f, (dt_rng_key){{0, 0}, 0}, yg, lg);
+        st = window > 0 || cap > 0.0f ? dt_k_attention_window_fwd(qg, B, T, Hp, D, window, cap, yg, lg)
+                                      : dt_k_attention_fwd_heads(qg, B, T, Hp, D, dr->h0 + l->rank * Hp, dr->Ht, causal,
+                                                                 dr->p, dr->key, yg, lg);
     if (st >= 0)
         st = heads_exchange(cp, l, y, B, 1, H, D, yg, true);
     if (st >= 0)
@@ -359,11 +384,13 @@ static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
 
 static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                              const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
-                             int64_t window, float cap, float *dqkv)
+                             int64_t window, float cap, const ulysses_drop *dr, float *dqkv)
 {
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
+    if (st >= 0)
+        st = drop_args(fn, H, window, cap, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -383,8 +410,9 @@ static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = lse_exchange(cp, l, (float *)lse, B, H, lg, false);
     if (st >= 0)
-        st = causal ? dt_k_attention_window_bwd(qg, yg, lg, dg, B, T, Hp, D, window, cap, dq)
-                    : dt_k_attention_bwd(qg, yg, lg, dg, B, T, Hp, D, false, 0.0f, (dt_rng_key){{0, 0}, 0}, dq);
+        st = window > 0 || cap > 0.0f ? dt_k_attention_window_bwd(qg, yg, lg, dg, B, T, Hp, D, window, cap, dq)
+                                      : dt_k_attention_bwd_heads(qg, yg, lg, dg, B, T, Hp, D, dr->h0 + l->rank * Hp,
+                                                                 dr->Ht, causal, dr->p, dr->key, dq);
     if (st >= 0)
         st = heads_exchange(cp, l, dqkv, B, 3, H, D, dq, true);
     free(qg);
@@ -395,30 +423,51 @@ static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     return st;
 }
 
+static ulysses_drop no_drop(int64_t H) { return (ulysses_drop){.p = 0.0f, .h0 = 0, .Ht = H}; }
+
 dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                             bool causal, float *y, float *lse)
 {
-    return ulysses_fwd("dt_cp_ulysses_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, y, lse);
+    const ulysses_drop dr = no_drop(H);
+    return ulysses_fwd("dt_cp_ulysses_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, &dr, y, lse);
 }
 
 dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
                             const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
 {
-    return ulysses_bwd("dt_cp_ulysses_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, dqkv);
+    const ulysses_drop dr = no_drop(H);
+    return ulysses_bwd("dt_cp_ulysses_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, &dr, dqkv);
+}
+
+dt_status dt_cp_ulysses_heads_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                                  int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
+{
+    const ulysses_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ulysses_fwd("dt_cp_ulysses_heads_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, &dr, y, lse);
+}
+
+dt_status dt_cp_ulysses_heads_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                                  const float *dy, int64_t B, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                                  float p, dt_rng_key key, float *dqkv)
+{
+    const ulysses_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ulysses_bwd("dt_cp_ulysses_heads_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, &dr, dqkv);
 }
 
 /* window and cap as dt_k_attention_window_fwd takes them (checked there, on every rank alike) */
 dt_status dt_cp_ulysses_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                                    int64_t window, float cap, float *y, float *lse)
 {
-    return ulysses_fwd("dt_cp_ulysses_window_fwd", cp, l, qkv, B, H, D, true, window, cap, y, lse);
+    const ulysses_drop dr = no_drop(H);
+    return ulysses_fwd("dt_cp_ulysses_window_fwd", cp, l, qkv, B, H, D, true, window, cap, &dr, y, lse);
 }
 
 dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                    const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t window,
                                    float cap, float *dqkv)
 {
-    return ulysses_bwd("dt_cp_ulysses_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, dqkv);
+    const ulysses_drop dr = no_drop(H);
+    return ulysses_bwd("dt_cp_ulysses_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, &dr, dqkv);
 }
 
 dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,

@@ -20,51 +20,63 @@
 
 #include <string.h>
 
-/* The attentions over the group, one row per dt_cp_impl: with causal, a sliding window (0 none) and a soft cap of
- * the scores (0 none) */
+/* What an attention over the group computes besides its rows: with causal, a sliding window (0 none) and a soft
+ * cap of the scores (0 none); heads [h0, h0 + H) of a layer of Ht, dropout p (0 none: also when not training) with
+ * its key */
+typedef struct {
+    bool causal;
+    int64_t window;
+    float cap;
+    int64_t h0, Ht;
+    float p;
+    dt_rng_key key;
+} attn_mask;
+
+/* The attentions over the group, one row per dt_cp_impl; dropout: whether it draws attention dropout */
 typedef struct {
     const char *name;
     bool by_heads; /* the heads (of this rank) are divided over the group */
+    bool dropout;
     dt_status (*fwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
-                     bool causal, int64_t window, float cap, float *y, float *lse);
+                     const attn_mask *m, float *y, float *lse);
     dt_status (*bwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
-                     const float *dy, int64_t B, int64_t H, int64_t D, bool causal, int64_t window, float cap,
-                     float *dqkv);
+                     const float *dy, int64_t B, int64_t H, int64_t D, const attn_mask *m, float *dqkv);
 } cp_impl_ops;
 
 static dt_status ring_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
-                          bool causal, int64_t window, float cap, float *y, float *lse)
+                          const attn_mask *m, float *y, float *lse)
 {
-    return causal ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, window, cap, y, lse)
-                  : dt_cp_attention_fwd(cp, l, qkv, B, H, D, false, y, lse);
+    return m->causal ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, m->window, m->cap, y, lse)
+                     : dt_cp_attention_fwd(cp, l, qkv, B, H, D, false, y, lse);
 }
 
 static dt_status ring_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
-                          const float *dy, int64_t B, int64_t H, int64_t D, bool causal, int64_t window, float cap,
-                          float *dqkv)
+                          const float *dy, int64_t B, int64_t H, int64_t D, const attn_mask *m, float *dqkv)
 {
-    return causal ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, window, cap, dqkv)
-                  : dt_cp_attention_bwd(cp, l, qkv, y, lse, dy, B, H, D, false, dqkv);
+    return m->causal ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->window, m->cap, dqkv)
+                     : dt_cp_attention_bwd(cp, l, qkv, y, lse, dy, B, H, D, false, dqkv);
 }
 
 static dt_status ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
-                             bool causal, int64_t window, float cap, float *y, float *lse)
+                             const attn_mask *m, float *y, float *lse)
 {
-    return causal ? dt_cp_ulysses_window_fwd(cp, l, qkv, B, H, D, window, cap, y, lse)
-                  : dt_cp_ulysses_fwd(cp, l, qkv, B, H, D, false, y, lse);
+    return m->window > 0 || m->cap > 0.0f
+               ? dt_cp_ulysses_window_fwd(cp, l, qkv, B, H, D, m->window, m->cap, y, lse)
+               : dt_cp_ulysses_heads_fwd(cp, l, qkv, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key, y, lse);
 }
 
 static dt_status ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
-                             const float *dy, int64_t B, int64_t H, int64_t D, bool causal, int64_t window, float cap,
-                             float *dqkv)
+                             const float *dy, int64_t B, int64_t H, int64_t D, const attn_mask *m, float *dqkv)
 {
-    return causal ? dt_cp_ulysses_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, window, cap, dqkv)
-                  : dt_cp_ulysses_bwd(cp, l, qkv, y, lse, dy, B, H, D, false, dqkv);
+    return m->window > 0 || m->cap > 0.0f
+               ? dt_cp_ulysses_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->window, m->cap, dqkv)
+               : dt_cp_ulysses_heads_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key,
+                                         dqkv);
 }
 
 static const cp_impl_ops k_impl[DT_CP_IMPL_COUNT] = {
-    [DT_CP_RING] = {"ring", false, ring_fwd, ring_bwd},
-    [DT_CP_ULYSSES] = {"ulysses", true, ulysses_fwd, ulysses_bwd},
+    [DT_CP_RING] = {"ring", false, false, ring_fwd, ring_bwd},
+    [DT_CP_ULYSSES] = {"ulysses", true, true, ulysses_fwd, ulysses_bwd},
 };
 _Static_assert(DT_CP_IMPL_COUNT == 2, "one row per dt_cp_impl");
 
@@ -155,9 +167,7 @@ typedef struct {
     dt_pg *cp;
     dt_cp_layout l;
     dt_cp_impl impl;
-    bool causal;
-    int64_t window; /* with causal: a sliding window (0 none) and a soft cap (0 none) */
-    float cap;
+    attn_mask m;
     int64_t B, H, D;
     const float *qkv, *y; /* (B, Tl, 3C), (B, Tl, C): arena temporaries */
     float *lse;           /* (B, H, Tl) */
@@ -169,14 +179,14 @@ static dt_status attn_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor
     const attn_saved *a = ud;
     if (!gin[0]) /* still collective: every rank runs the same exchanges */
         return dt_error(DT_ERR_STATE, "context-parallel attention backward: the input needs no gradient");
-    dt_status st = k_impl[a->impl].bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D, a->causal,
-                                       a->window, a->cap, gin[0]->data);
+    dt_status st = k_impl[a->impl].bwd(a->cp, &a->l, a->qkv, a->y, a->lse, gout->data, a->B, a->H, a->D, &a->m,
+                                       gin[0]->data);
     return st < 0 ? dt_error_wrap(st, "context-parallel attention backward") : DT_OK;
 }
 
-/* dt_cp_attention on an f32 qkv, with causal: also a sliding window and a soft cap */
+/* dt_cp_attention on an f32 qkv under m (its Ht 0: the n_head heads are the layer's) */
 static dt_tensor *cp_attention_f32(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv, int n_head,
-                                   bool causal, int64_t window, float cap)
+                                   const attn_mask *m)
 {
     char s[64];
     if (!qkv) {
@@ -193,12 +203,19 @@ static dt_tensor *cp_attention_f32(dt_ctx *ctx, const char *op, const dt_cp_para
                  dt_tensor_shape_str(qkv, s, sizeof s));
         return NULL;
     }
+    if (m->p > 0.0f && !k_impl[p->impl].dropout) {
+        dt_error(DT_ERR_UNSUPPORTED, "%s: attention dropout %g under %s attention is not supported yet (Ulysses draws "
+                 "it: --cp-impl ulysses)", op, (double)m->p, dt_cp_impl_name(p->impl));
+        return NULL;
+    }
     const int P = dt_pg_size(p->group);
     attn_saved *a = dt_ctx_alloc(ctx, sizeof *a);
     if (!a)
         return NULL;
     memset(a, 0, sizeof *a);
-    a->cp = p->group, a->impl = p->impl, a->causal = causal, a->window = window, a->cap = cap;
+    a->cp = p->group, a->impl = p->impl, a->m = *m;
+    if (!a->m.Ht)
+        a->m.h0 = 0, a->m.Ht = n_head;
     a->B = qkv->shape[0], a->H = n_head, a->D = qkv->shape[2] / (3 * (int64_t)n_head);
     const int64_t T = qkv->shape[1] * P;
     dt_status st = dt_cp_check(p, T, n_head);
@@ -211,7 +228,7 @@ static dt_tensor *cp_attention_f32(dt_ctx *ctx, const char *op, const dt_cp_para
     if (!a->lse)
         return NULL;
     a->qkv = c->data, a->y = y->data;
-    st = k_impl[p->impl].fwd(p->group, &a->l, c->data, a->B, a->H, a->D, causal, window, cap, y->data, a->lse);
+    st = k_impl[p->impl].fwd(p->group, &a->l, c->data, a->B, a->H, a->D, &a->m, y->data, a->lse);
     if (st < 0) {
         dt_error_wrap(st, "context-parallel attention (%s, cp %d)", dt_cp_impl_name(p->impl), P);
         return NULL;
@@ -222,23 +239,39 @@ static dt_tensor *cp_attention_f32(dt_ctx *ctx, const char *op, const dt_cp_para
 /* A bf16 or f16 qkv (mixed precision) is widened for the attention and y narrowed back: the exchanges and the
  * kernels run in f32, the gradient comes back in qkv's dtype (dt_cast's backward) */
 static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv, int n_head,
-                               bool causal, int64_t window, float cap)
+                               const attn_mask *m)
 {
     if (!qkv || qkv->dtype == DT_F32)
-        return cp_attention_f32(ctx, op, p, qkv, n_head, causal, window, cap);
-    dt_tensor *y = cp_attention_f32(ctx, op, p, dt_cast(ctx, qkv, DT_F32), n_head, causal, window, cap);
+        return cp_attention_f32(ctx, op, p, qkv, n_head, m);
+    dt_tensor *y = cp_attention_f32(ctx, op, p, dt_cast(ctx, qkv, DT_F32), n_head, m);
     return y ? dt_cast(ctx, y, qkv->dtype) : NULL;
 }
 
 dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal)
 {
-    return cp_attention(ctx, "dt_cp_attention", p, qkv, n_head, causal, 0, 0.0f);
+    const attn_mask m = {.causal = causal};
+    return cp_attention(ctx, "dt_cp_attention", p, qkv, n_head, &m);
+}
+
+dt_tensor *dt_cp_attention_heads(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int head0,
+                                 int heads_total, bool causal, float dropout_p, bool training, dt_rng_key key)
+{
+    const char *op = "dt_cp_attention_heads";
+    if (!(dropout_p >= 0.0f && dropout_p < 1.0f) || head0 < 0 || heads_total < head0 + n_head) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: dropout %g (want [0, 1)) or heads [%d, %d) of %d", op, (double)dropout_p,
+                 head0, head0 + n_head, heads_total);
+        return NULL;
+    }
+    const attn_mask m = {.causal = causal, .h0 = head0, .Ht = heads_total, .p = training ? dropout_p : 0.0f,
+                         .key = key};
+    return cp_attention(ctx, op, p, qkv, n_head, &m);
 }
 
 dt_tensor *dt_cp_attention_window(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int64_t window,
                                   float softcap)
 {
-    return cp_attention(ctx, "dt_cp_attention_window", p, qkv, n_head, true, window, softcap);
+    const attn_mask m = {.causal = true, .window = window, .cap = softcap};
+    return cp_attention(ctx, "dt_cp_attention_window", p, qkv, n_head, &m);
 }
 
 /* ---- the loss over the whole sequence ------------------------------------------------- */
