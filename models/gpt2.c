@@ -39,7 +39,12 @@
  * or Ulysses) over the rank's heads (with tp: the heads split first, then
  * the sequence); layer norms, MLP and head run on the rows; the loss
  * (dt_model_desc_loss) takes the target's same rows and the whole
- * sequence's mean. Dropout 0; not with sequence parallelism. */
+ * sequence's mean. Dropout (Ulysses only: the ring has no attention
+ * dropout yet) draws one process's masks: the embedding, residual and MLP
+ * dropouts on the rank's rows their part of the whole sequence's
+ * (drop_forward), the attention's through dt_cp_attention_heads, the cp
+ * ranks keyed as their replica (dt_model_set_replica_ranks). Not with
+ * sequence parallelism. */
 #include "zoo.h"
 
 #include <dtrain/precision.h>
@@ -87,9 +92,9 @@ bool dt__model_is_gpt2(const char *name)
 static dt_module *child(dt_module *m, const char *name) { return dt_module_find_child(m, name); }
 
 /* Context parallelism (cp.h): the GPT2Model owns it (its user data), the
- * attention modules borrow it. With a group of more than one rank the
+ * attention and MLP modules borrow it. With a group of more than one rank the
  * embedding keeps the rank's rows of the whole sequence at their global
- * positions (wpe follows the chunks), every attention is dt_cp_attention,
+ * positions (wpe follows the chunks), every attention is dt_cp_attention_heads,
  * and the rest runs on the rows as it is. */
 typedef struct {
     dt_cp_params cp;
@@ -237,19 +242,23 @@ static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
     return dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1)));
 }
 
-/* A dropout module on x; under sequence parallelism x holds the rank's chunk of the sequence (rows [r T/t, (r+1)
- * T/t) of tp rank r), which draws its part of the whole sequence's mask (dt_dropout_at), as one process does */
-static dt_tensor *drop_forward(dt_ctx *ctx, dt_module *drop, dt_tensor *x, dt_pg *sp)
+/* A dropout module on x [B, R, ...]. Under sequence parallelism x holds the rank's chunk of the sequence (rows
+ * [r T/t, (r+1) T/t) of tp rank r), under context parallelism (cp) the rank's rows of the cp layout
+ * (dt_cp_position): either draws its part of the whole sequence's mask (dt_dropout_at), as one process does */
+static dt_tensor *drop_forward(dt_ctx *ctx, dt_module *drop, dt_tensor *x, dt_pg *sp, const dt_cp_params *cp)
 {
-    if (!sp || !x || !dt_module_is_training(drop) || cfg(drop).p == 0.0f)
+    if ((!sp && !cp) || !x || !dt_module_is_training(drop) || cfg(drop).p == 0.0f)
         return dt_module_forward(ctx, drop, x);
-    const int64_t R = x->shape[1], r0 = dt_pg_rank(sp) * R;
+    const int64_t R = x->shape[1], T = R * dt_pg_size(sp ? sp : cp->group);
+    dt_cp_layout l;
+    if (!sp && dt_cp_layout_of(cp, T, &l) < 0)
+        return NULL;
     int64_t *pos = dt_ctx_alloc(ctx, (size_t)R * sizeof *pos);
     if (!pos)
         return NULL;
     for (int64_t r = 0; r < R; r++)
-        pos[r] = r0 + r;
-    return dt_dropout_at(ctx, x, cfg(drop).p, true, dt_module_dropout_key(drop), pos, R * dt_pg_size(sp));
+        pos[r] = sp ? dt_pg_rank(sp) * R + r : dt_cp_position(&l, r);
+    return dt_dropout_at(ctx, x, cfg(drop).p, true, dt_module_dropout_key(drop), pos, T);
 }
 
 /* self's config k = n_head (this rank's) */
@@ -269,16 +278,16 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
      * dropout mask (the key is the same on every rank: the same module) */
     dt_pg *tp = dt_tp_module_group(child(self, "c_attn"));
     const int t = tp ? dt_pg_size(tp) : 1, h0 = tp ? dt_pg_rank(tp) * heads : 0;
-    dt_tensor *y = cp ? dt_cp_attention(ctx, cp, qkv, heads, true) /* dropout 0 (check_config) */
+    dt_tensor *y = cp ? dt_cp_attention_heads(ctx, cp, qkv, heads, h0, heads * t, true, cfg(drop).p,
+                                              dt_module_is_training(drop), key)
                       : dt_attention_heads(ctx, qkv, heads, h0, heads * t, true, cfg(drop).p,
                                            dt_module_is_training(drop), key);
     y = sp ? row_sp(ctx, child(self, "c_proj"), y, sp) : dt_module_forward(ctx, child(self, "c_proj"), y);
-    return drop_forward(ctx, child(self, "resid_dropout"), y, sp);
+    return drop_forward(ctx, child(self, "resid_dropout"), y, sp, cp);
 }
 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    (void)ud;
     dt_module *fc = child(self, "c_fc");
     dt_pg *sp = sp_group(self, fc);
     dt_tensor *h;
@@ -286,7 +295,7 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
         x = dt_tp_sp_gather(ctx, sp, x, 1);
         h = dt_bias_gelu_tanh(ctx, dt_addmm(ctx, x, dt_module_param(fc, 0), NULL), dt_module_param(fc, 1));
         h = row_sp(ctx, child(self, "c_proj"), h, sp);
-        return drop_forward(ctx, child(self, "dropout"), h, sp);
+        return drop_forward(ctx, child(self, "dropout"), h, sp, NULL);
     }
     if (dt_module_tree_plain(fc)) { /* nothing observes c_fc alone: fuse its bias into the GELU */
         dt_pg *tp = dt_tp_module_group(fc); /* column-parallel: its input goes through f */
@@ -296,7 +305,7 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     } else
         h = dt_gelu_tanh(ctx, dt_module_forward(ctx, fc, x));
     h = dt_module_forward(ctx, child(self, "c_proj"), h);
-    return dt_module_forward(ctx, child(self, "dropout"), h);
+    return drop_forward(ctx, child(self, "dropout"), h, NULL, cp_of(ud));
 }
 
 /* ln_1 / ln_2 and the half block's sublayer (attn / mlp): under autocast
@@ -356,7 +365,7 @@ dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *self, dt_tensor *idx)
     dt_tensor *pt = dt_tensor_view_of(ctx, pos, DT_I64, 1, &T);
     dt_tensor *x = dt_add(ctx, dt_module_forward(ctx, child(self, "wte"), idx),
                           dt_module_forward(ctx, child(self, "wpe"), pt));
-    return dt_module_forward(ctx, child(self, "drop"), x);
+    return drop_forward(ctx, child(self, "drop"), x, NULL, cp);
 }
 
 static dt_tensor *transformer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
@@ -525,7 +534,7 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp, gpt_rt *rt)
     float std = 0.02f, pstd = 0.02f / sqrtf(2.0f * (float)g->n_layer);
     dt_module *b = dt_nn_custom("GPT2Block", 0, NULL, block_forward, NULL);
     dt_module *attn = dt_nn_custom("GPT2Attention", 0, NULL, attn_forward, rt);
-    dt_module *mlp = dt_nn_custom("GPT2MLP", 0, NULL, mlp_forward, NULL);
+    dt_module *mlp = dt_nn_custom("GPT2MLP", 0, NULL, mlp_forward, rt);
     SET_CFG(attn, k, (int)(g->n_head / (tp ? dt_pg_size(tp) : 1))); /* this rank's heads */
     if (sp && b && attn && mlp) {
         SET_CFG(b, pad, 1);
@@ -555,10 +564,10 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp, gpt_rt *rt)
 
 static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp, const dt_cp_params *cp)
 {
-    if (cp && g->dropout > 0.0f)
-        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with context parallelism is not supported (the "
-                        "masks would be drawn over the rank's rows, not the single-process run's); use dropout 0",
-                        (double)g->dropout);
+    if (cp && g->dropout > 0.0f && cp->impl != DT_CP_ULYSSES)
+        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g under %s attention is not supported yet (the ring "
+                        "draws no attention dropout); Ulysses attention (--cp-impl ulysses) draws the single-process "
+                        "masks, or use dropout 0", (double)g->dropout, dt_cp_impl_name(cp->impl));
     if (cp && sp)
         return dt_error(DT_ERR_UNSUPPORTED, "gpt2: context parallelism with tensor parallelism's sequence "
                         "parallelism is not supported yet (use one of the two)");

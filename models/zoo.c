@@ -69,6 +69,8 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
         *model = NULL;
         return st;
     }
+    if (cp) /* the cp ranks of a replica draw its dropout masks */
+        dt_model_set_replica_ranks(*model, dt_pg_size(c.cp.group));
     d.tp = tp ? c.tp : NULL;
     d.cp = c.cp;
     snprintf(d.name, sizeof d.name, "%s", name);

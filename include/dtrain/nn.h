@@ -646,6 +646,13 @@ DT_API void dt_model_train(dt_model *m, bool training);
 /* Dropout masks depend on the rank so that data-parallel ranks differ
  * (default 0). */
 DT_API void dt_model_set_rank(dt_model *m, int rank);
+/* Under context parallelism the n ranks of a cp group hold one replica and
+ * draw one replica's masks (each its part of them): with n > 1 the rank
+ * given to dt_model_set_rank (a rank of the gradient reduction over dp x cp,
+ * ordered d n + c as dt_plan orders it) keys the masks as rank / n, the
+ * replica's index. dt_model_create sets it for a model created with a cp
+ * group. n <= 1: every rank its own masks (the default). */
+DT_API void dt_model_set_replica_ranks(dt_model *m, int n);
 /* The model's random-stream positions, for exact resume from a checkpoint:
  * one counter per module in pre-order (dt_nn_dropout's forward calls in
  * training mode, which key its masks; 0 for modules that draw nothing).

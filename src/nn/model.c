@@ -654,6 +654,12 @@ void dt_model_set_rank(dt_model *m, int rank)
         m->rank = rank;
 }
 
+void dt_model_set_replica_ranks(dt_model *m, int n)
+{
+    if (m)
+        m->replica_ranks = n;
+}
+
 size_t dt_model_rng_state_size(const dt_model *m) { return m ? (size_t)m->nmodules : 0; }
 
 dt_status dt_model_get_rng_state(const dt_model *m, uint64_t *out, size_t n)

@@ -659,6 +659,8 @@ bool dt_module_subtree_unobserved(const dt_module *m)
 dt_rng_key dt_module_dropout_key(dt_module *m)
 {
     int rank = m->model ? m->model->rank : 0;
+    if (m->model && m->model->replica_ranks > 1) /* context parallelism: the replica's masks */
+        rank /= m->model->replica_ranks;
     uint64_t seed = m->model ? m->model->seed : 0;
     dt_rng_key key = dt_rng_key_make(seed, DT_RNG_DROPOUT, ((uint64_t)(uint32_t)rank << 32) | (uint32_t)m->index,
                                      m->fwd_count);

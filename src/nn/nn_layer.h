@@ -87,6 +87,7 @@ struct dt_model {
     dt_module *root;
     uint64_t seed;
     int rank;
+    int replica_ranks;      /* dt_model_set_replica_ranks (0 or 1: none) */
     dt_module **modules;    /* pre-order */
     int nmodules;
     dt__entry *entries;

@@ -7,7 +7,8 @@
  * (the attention widened to f32) cp 2 follows the one-process bf16 run
  * (whose attention kernel works on bf16 operands; the sums run in another
  * order too): the first step's loss within 2e-4, the first five within
- * 5e-3, all 20 within 3e-2; DeepSpeed's
+ * 5e-3, all 20 within 3e-2; with --dropout 0.1 under Ulysses cp 2 (also
+ * x tp 2) the one-process losses and dp 2 x cp 2 the 2-rank DDP ones; DeepSpeed's
  * sequence_parallel_size in a --config turns on Ulysses;
  * and the bad flags, degrees and keys exit 2 with one line naming the
  * problem. Every run reads the same token file; the data of a replica is
@@ -255,7 +256,8 @@ TEST(cp_option_errors)
     bad(1, (char *[]){"--cp", "2", "--cp-impl", "tree", NULL}, "--cp-impl: 'tree' is not one of {ring|ulysses}");
     bad(1, (char *[]){"--cp", "2", "--cp-balance", "maybe", NULL}, "--cp-balance");
     bad(1, (char *[]){"--cp", "0", NULL}, "--cp");
-    bad(1, (char *[]){"--cp", "2", "--dropout", "0.1", NULL}, "--cp 2 does not combine with --dropout > 0");
+    bad(1, (char *[]){"--cp", "2", "--dropout", "0.1", NULL},
+        "--cp 2 does not combine with --dropout > 0 under ring attention");
     bad(2, (char *[]){"--cp", "2", "--seq", "14", NULL},
         "sequence length 14 is not a multiple of 4 (cp 2 x 2 chunks a rank for the causal load balance)");
     bad(2, (char *[]){"--cp", "2", "--seq", "15", "--cp-balance", "off", NULL},
@@ -284,6 +286,34 @@ TEST(cp_option_errors)
     fprintf(f, "{\"sequence_parallel_size\": 0}\n");
     fclose(f);
     bad(1, (char *[]){"--config", cfg, NULL}, "sequence_parallel_size");
+}
+
+/* --dropout 0.1 under Ulysses: cp 2, cp 2 x tp 2 (1 head a rank: the heads' offsets in the layer's mask) against
+ * one process, dp 2 x cp 2 against DDP on 2 ranks (the cp ranks of a replica draw its masks): the same losses,
+ * which the dropout moves (the run without it differs); the ring refuses it by name */
+TEST(gpt_cp_dropout_equals_one_process)
+{
+    double one[64], ddp[64], plain[64];
+    int n1, nd, np;
+    char *drop[] = {"--dropout", "0.1", NULL};
+    static cli_result r;
+    char m[400];
+    ASSERT_EQ_INT(run(&r, 1, "gpt-micro", "gpt_one_drop", m, sizeof m, drop), 0);
+    n1 = cli_step_losses(m, one, 64);
+    ASSERT_EQ_INT(run(&r, 2, "gpt-micro", "gpt_ddp2_drop", m, sizeof m, drop), 0);
+    nd = cli_step_losses(m, ddp, 64);
+    reference("gpt-micro", 1, "gpt_one_nodrop", plain, &np);
+    ASSERT_EQ_INT(n1, 20);
+    ASSERT_EQ_INT(nd, 20);
+    ASSERT(!cli_same_losses(one, n1, plain, np, 1e-3)); /* the dropout acts */
+    same_as("gpt-micro", 2, "gpt_cp2u_drop", (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL},
+            one, n1, "ulysses attention");
+    same_as("gpt-micro", 4, "gpt_cp2tp2u_drop",
+            (char *[]){"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, one, n1,
+            "[0] tensor parallel: 2 ranks per group");
+    same_as("gpt-micro", 4, "gpt_dp2cp2u_drop",
+            (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, ddp, nd,
+            "gradients reduced over 2 data-parallel x 2 context-parallel ranks");
 }
 
 /* --precision bf16: GPT-2 under Ulysses, Llama under the ring, against the one-process bf16 runs */
@@ -334,6 +364,7 @@ int main(void)
     RUN(llama_cp_composes_with_tp);
     RUN(cp_with_zero3);
     RUN(cp_bf16_follows_one_process);
+    RUN(gpt_cp_dropout_equals_one_process);
     RUN(config_sequence_parallel_size);
     RUN(cp_checkpoint_resumes_in_one_process);
     cli_cleanup();
