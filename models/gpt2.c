@@ -39,8 +39,8 @@
  * or Ulysses) over the rank's heads (with tp: the heads split first, then
  * the sequence); layer norms, MLP and head run on the rows; the loss
  * (dt_model_desc_loss) takes the target's same rows and the whole
- * sequence's mean. Dropout (Ulysses only: the ring has no attention
- * dropout yet) draws one process's masks: the embedding, residual and MLP
+ * sequence's mean. Dropout draws one process's masks under either
+ * attention: the embedding, residual and MLP
  * dropouts on the rank's rows their part of the whole sequence's
  * (drop_forward), the attention's through dt_cp_attention_heads, the cp
  * ranks keyed as their replica (dt_model_set_replica_ranks). Not with
@@ -564,10 +564,6 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp, gpt_rt *rt)
 
 static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp, const dt_cp_params *cp)
 {
-    if (cp && g->dropout > 0.0f && cp->impl != DT_CP_ULYSSES)
-        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g under %s attention is not supported yet (the ring "
-                        "draws no attention dropout); Ulysses attention (--cp-impl ulysses) draws the single-process "
-                        "masks, or use dropout 0", (double)g->dropout, dt_cp_impl_name(cp->impl));
     if (cp && sp)
         return dt_error(DT_ERR_UNSUPPORTED, "gpt2: context parallelism with tensor parallelism's sequence "
                         "parallelism is not supported yet (use one of the two)");

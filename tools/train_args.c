@@ -228,8 +228,8 @@ static const opt_def opts[] = {
      "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "
      "the same batch and keep their part of the positions; attention runs over the group (--cp-impl), the rest "
      "on the rank's positions; gradients reduce over dp x cp; composes with --dp, --zero/--fsdp and --tp (rank = "
-     "(d x cp + c) x tp + t); not with --pp; --dropout with --cp-impl ulysses (one process's masks); under "
-     "bf16/fp16 the attention runs in f32"},
+     "(d x cp + c) x tp + t); not with --pp; --dropout draws one process's masks; under bf16/fp16 the "
+     "attention runs in f32"},
     {"cp-impl", OPT_CHOICE, OFF(cp_impl), 0, 0, "ring|ulysses", "NAME",
      "with --cp: ring attention (default; keys and values go around the group, any head count) or "
      "DeepSpeed-Ulysses' all-to-all (the heads, after --tp's split, divisible by N); both run sliding windows and "
@@ -936,9 +936,6 @@ int dt__train_check(dt__train_opts *o)
                          : o->sequence_parallel ? "--sequence-parallel (use one of the two)"
                          : o->sample_every ? "--sample-every (generation runs on one rank; the ranks of a "
                                              "context-parallel model run the forward together)"
-                         : o->dropout > 0 && !(o->cp_impl && !strcmp(o->cp_impl, "ulysses"))
-                             ? "--dropout > 0 under ring attention (not yet: the ring draws no attention dropout; "
-                               "--cp-impl ulysses draws the single-process masks)"
                          : o->offload ? "--offload" : NULL;
         if (no) {
             dt__cli_err("dtrain train: --cp %lld does not combine with %s\n", (long long)o->cp, no);

@@ -30,8 +30,8 @@
  *
  * dt_cp_ulysses_fwd/bwd (below) are the all-to-all variant with the same
  * arguments. Both calls are collective over the group (every rank, the same B, H, D,
- * T, balance and causal). f32; dropout on the probabilities with Ulysses
- * (dt_cp_ulysses_heads_fwd/bwd), not yet with the ring. */
+ * T, balance and causal). f32; dropout on the probabilities through the
+ * _heads variants (dt_cp_attention_heads_fwd, dt_cp_ulysses_heads_fwd). */
 #ifndef DTRAIN_CP_H
 #define DTRAIN_CP_H
 
@@ -73,6 +73,20 @@ DT_API dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const flo
 DT_API dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                      const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
                                      float *dqkv);
+/* Ring attention over heads [h0, h0 + H) of a layer of Ht heads (tensor
+ * parallelism: the rank's heads; h0 0, Ht H: the functions above) with
+ * dropout on the probabilities (p in [0, 1); 0 none): each block of the
+ * ring draws its part of the full layer's mask over the whole sequence
+ * (dt_k_att_drop: element (b, h0 + h, i, j) at global positions i, j, as
+ * dt_k_attention_fwd_heads draws it), so the group draws exactly the
+ * single-process mask and the backward regenerates it. p outside [0, 1), or
+ * heads not inside the layer: DT_ERR_INVALID_ARG before any exchange. */
+DT_API dt_status dt_cp_attention_heads_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                                           int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
+                                           float *y, float *lse);
+DT_API dt_status dt_cp_attention_heads_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                           const float *lse, const float *dy, int64_t B, int64_t H, int64_t D,
+                                           int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv);
 /* Ring attention, causal, with a sliding window (> 0: query i sees the
  * keys (i - window, i]; 0 none) and soft-capped scores (cap > 0: cap tanh(s
  * / cap) before the softmax; 0 none), as dt_k_attention_window_fwd/bwd
@@ -99,14 +113,9 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float
 DT_API dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                    const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
                                    float *dqkv);
-/* Ulysses over heads [h0, h0 + H) of a layer of Ht heads (tensor
- * parallelism: the rank's heads; h0 0, Ht H: the functions above) with
- * dropout on the probabilities (p in [0, 1); 0 none): each rank's heads of
- * the whole sequence draw their part of the full layer's mask
- * (dt_k_attention_fwd_heads: element (b, h0 + h, i, j) at global positions
- * i, j), so the group draws exactly the single-process mask and the backward
- * regenerates it. p outside [0, 1), or heads not inside the layer:
- * DT_ERR_INVALID_ARG before any exchange. */
+/* Ulysses over heads [h0, h0 + H) of a layer of Ht heads with dropout, as
+ * dt_cp_attention_heads_fwd/bwd: each rank's heads of the whole sequence
+ * draw their part of the full layer's mask (dt_k_attention_fwd_heads). */
 DT_API dt_status dt_cp_ulysses_heads_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
                                          int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
                                          float *y, float *lse);
@@ -178,10 +187,9 @@ DT_API dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor 
  * heads_total (tensor parallelism: the rank's heads; tp.h), with dropout on
  * the probabilities (dropout_p in [0, 1), when training) drawn as
  * dt_attention_heads draws it over the whole sequence: the cp group (and a
- * tp group beside it) together draw the single-process mask. Dropout runs
- * under Ulysses (dt_cp_ulysses_heads_fwd); the ring has none yet:
- * DT_ERR_UNSUPPORTED naming --cp-impl ulysses for dropout_p > 0 while
- * training. head0 0, heads_total n_head, dropout 0: dt_cp_attention. */
+ * tp group beside it) together draw the single-process mask, under either
+ * attention (dt_cp_attention_heads_fwd, dt_cp_ulysses_heads_fwd). head0 0,
+ * heads_total n_head, dropout 0: dt_cp_attention. */
 DT_API dt_tensor *dt_cp_attention_heads(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int head0,
                                         int heads_total, bool causal, float dropout_p, bool training, dt_rng_key key);
 /* dt_cp_attention's causal attention with dt_attention_window's sliding

@@ -798,21 +798,37 @@ DT_API const char *dt_k_attention_lp_tiles(int64_t *min_t);
  *     lse' = log(e^lse + e^lse_b),  y' = y e^(lse - lse') + y_b e^(lse_b - lse')
  * makes the end result softmax(q k^T / sqrt(D)) v (of the capped scores)
  * over all the blocks, in any order. Rows that see no key of the block are
- * left unchanged. No dropout. D <= 256. The scores' exponentials as
- * dt_k_attention_fwd's. */
+ * left unchanged. D <= 256. The scores' exponentials as
+ * dt_k_attention_fwd's. drop (NULL: none) puts dropout on the block's
+ * probabilities, the whole sequence's mask (dt_k_att_drop). */
+typedef struct dt_k_att_drop {
+    float p;        /* in [0, 1); > 0 only without a window and a cap */
+    dt_rng_key key;
+    int64_t bh0;    /* the mask's head index of the block's batch 0, head 0: b0 Ht + h0 */
+    int64_t Ht;     /* heads of a batch in the mask (>= H): head h of batch b is bh0 + b Ht + h */
+    int64_t T;      /* the whole sequence's length (every position of the block below it) */
+} dt_k_att_drop;
+/* Element (b, h, i, j) of a block is kept when dt_rng_uniform(key, ((bh0 +
+ * b Ht + h) T + qpos0 + i) T + kpos0 + j) >= p, scaled by 1 / (1 - p):
+ * the mask dt_k_attention_fwd_heads draws over the whole sequence (heads h0
+ * ... of a layer of Ht), so the blocks of a ring together draw one process's.
+ * lse stays that of the undropped scores. */
 DT_API dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                          int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
                                          int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
-                                         float *y, int64_t ldy, float *lse, int64_t ldlse);
+                                         const dt_k_att_drop *drop, float *y, int64_t ldy, float *lse,
+                                         int64_t ldlse);
 /* The backward of one block: with the FINAL y and lse (after every block)
  * and dy, ADDS this block's terms into dq (B, Tq), dk and dv (B, Tk) (row
  * strides as named); summed over all the blocks, the gradient of the whole
- * attention. Deterministic for any thread count. */
+ * attention. Deterministic for any thread count. drop as the forward's
+ * (the same mask regenerated). */
 DT_API dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                          int64_t ldv, const float *y, int64_t ldy, const float *lse, int64_t ldlse,
                                          const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
                                          int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
-                                         float *dq, int64_t lddq, float *dk, int64_t lddk, float *dv, int64_t lddv);
+                                         const dt_k_att_drop *drop, float *dq, int64_t lddq, float *dk, int64_t lddk,
+                                         float *dv, int64_t lddv);
 
 /* ---- block quantization ------------------------------------------------------------- */
 /* Symmetric block quantization for communication that carries fewer bytes

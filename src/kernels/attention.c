@@ -108,12 +108,6 @@ static dt_status attn_args(const char *fn, int64_t B, int64_t T, int64_t H, int6
     return DT_OK;
 }
 
-/* Whether dropout keeps element (bh, i, j). */
-/* gbh: the head's index b Ht + h0 + h in the full layer (dt_k_attention_fwd_heads) */
-static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t i, int64_t j)
-{
-    return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
-}
 
 /* The first key query i sees under a window (0: none), and one past the
  * last row that sees key j (of T rows). */
@@ -474,7 +468,7 @@ DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const u
             }
             float sum = fast_exp_sum(sr, n, mx);
             for (int64_t j = js; j < je && p > 0.0f; j++)
-                sr[j - js] = keep(key, p, gbh, T, i, j) ? sr[j - js] * pscale : 0.0f;
+                sr[j - js] = dt__att_keep(key, p, gbh, T, i, j) ? sr[j - js] * pscale : 0.0f;
             if (odd)
                 s[0] = 0.0f;
             bf16_pairs_f32(s, n + odd, sp);
@@ -548,7 +542,7 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
 #endif
                 sum = att_exp_sum(vec, sr, n, mx);
             for (int64_t j = js; j < je && p > 0.0f; j++) /* dropout after the sum */
-                sr[j - js] = keep(key, p, gbh, T, i, j) ? sr[j - js] * pscale : 0.0f;
+                sr[j - js] = dt__att_keep(key, p, gbh, T, i, j) ? sr[j - js] * pscale : 0.0f;
             rows_acc(vec, a, sr, 1, v + (js - kb) * ldv, ldv, n, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
@@ -1058,7 +1052,7 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
 #endif
             l[r] = amx_softmax_row(vec, sr + lo, n - lo, ss, &m[r]);
             for (int64_t j = lo; j < n && p > 0.0f; j++)
-                sr[j] = keep(key, p, gbh, T, i, k0 + j) ? sr[j] * pscale : 0.0f;
+                sr[j] = dt__att_keep(key, p, gbh, T, i, k0 + j) ? sr[j] * pscale : 0.0f;
             for (int64_t j = 0; j < lo; j++)
                 sr[j] = 0.0f;
             for (int64_t j = n; j < cols; j++)
@@ -1217,7 +1211,7 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
                 dt__att_cap_row(DT__ATT_BF16, sc, th, ne, scale, cap);
             fast_bwd_probs(sc, cap > 0.0f ? th : NULL, dp, ne, scale, L, Di, pd + o, ds + o);
             for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on P */
-                bool kp1 = keep(key, p, gbh, T, i, j0 + o + jj);
+                bool kp1 = dt__att_keep(key, p, gbh, T, i, j0 + o + jj);
                 float P = pd[o + jj];
                 pd[o + jj] = kp1 ? P * pscale : 0.0f;
                 ds[o + jj] = P * ((kp1 ? dp[jj] * pscale : 0.0f) - Di) * scale;
@@ -1337,7 +1331,7 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
             if (vec >= DT__ATT_FAST) {
                 fast_bwd_probs(scr, cap > 0.0f ? th : NULL, dpr, ne, scale, L, Di, pd, ds);
                 for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on the fast path's P */
-                    bool kp = keep(key, p, gbh, T, i, j0 + o + jj);
+                    bool kp = dt__att_keep(key, p, gbh, T, i, j0 + o + jj);
                     float P = pd[jj];
                     pd[jj] = kp ? P * pscale : 0.0f;
                     ds[jj] = P * ((kp ? dpr[jj] * pscale : 0.0f) - Di) * scale;
@@ -1353,7 +1347,7 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
                 for (int64_t jj = 0; jj < ne; jj++) {
                     float P = pd[jj], dP = dpr[jj], Pd = P;
                     if (p > 0.0f) {
-                        bool kp = keep(key, p, gbh, T, i, j0 + o + jj);
+                        bool kp = dt__att_keep(key, p, gbh, T, i, j0 + o + jj);
                         Pd = kp ? P * pscale : 0.0f;
                         dP = kp ? dP * pscale : 0.0f;
                     }
@@ -1539,7 +1533,7 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                     dt__att_cap_row(vec, prw + lo, th + lo, hz - lo, scale, cap);
                 amx_probs_t(vec, prw, cap > 0.0f ? th : NULL, dp + r * AB, lo, hz, scale, Lp + i0, Dip + i0, prw, dr);
                 for (int64_t c = lo; c < hz && p > 0.0f; c++) { /* dropout on P */
-                    const bool kp = keep(key, p, gbh, T, i0 + c, j);
+                    const bool kp = dt__att_keep(key, p, gbh, T, i0 + c, j);
                     const float P = prw[c];
                     prw[c] = kp ? P * pscale : 0.0f;
                     dr[c] = P * ((kp ? dp[r * AB + c] * pscale : 0.0f) - Dip[i0 + c]) * scale;

@@ -13,6 +13,15 @@
 
 #include <string.h>
 
+/* Whether attention dropout of probability p keeps element (bh, i, j) of a
+ * T x T mask under key: dt_rng_uniform at ((bh T + i) T + j) >= p. The
+ * whole-sequence kernels (attention.c) and the block kernel
+ * (attention_part.c) draw it alike. */
+static inline bool dt__att_keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t i, int64_t j)
+{
+    return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
+}
+
 #define DT__ATT_BK 64 /* keys per block */
 
 /* out[d] += c[t cs] x[t xs + d] for t = 0, 1, ..., n-1 in that order, for

@@ -52,8 +52,12 @@
  *
  * Rows are of H heads side by side (head h at columns [h D, (h+1) D)), with
  * a row stride per operand, so q, k and v can be views into a packed
- * (T, 3C) qkv. No dropout (the ring's steps would need the full layer's
- * mask indices; callers refuse p > 0 by name). */
+ * (T, 3C) qkv. Dropout (dt_k_att_drop; no window, no cap) keeps element
+ * (b, h, i, j) as the whole-sequence kernel does at the global head bh0 + b
+ * Ht + h and positions qpos0 + i, kpos0 + j of a T x T mask
+ * (dt__att_keep): the forward scales a block's exponentials after their sum
+ * (l and lse stay undropped), the backward takes dS_ij = P_ij (d_ij dP_ij -
+ * Di) and dv_j += d_ij P_ij dy_i, d_ij the kept scale 1 / (1 - p) or 0. */
 #include "attention_impl.h"
 
 #include <math.h>
@@ -62,9 +66,27 @@
 
 #define PART_DMAX 256
 
+/* The block's dropout: p > 0, else none (NULL). */
+typedef struct {
+    float p, pscale;
+    dt_rng_key key;
+    int64_t gbh, T; /* gbh: the task's head in the mask */
+} part_drop;
+
 static dt_status part_args(const char *fn, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, int64_t ldq,
-                           int64_t ldk, int64_t ldv, int64_t ldy, bool causal, int64_t window, float cap)
+                           int64_t ldk, int64_t ldv, int64_t ldy, bool causal, int64_t window, float cap,
+                           int64_t qpos0, int64_t kpos0, const dt_k_att_drop *drop)
 {
+    if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: dropout probability %g is outside [0, 1)", fn, (double)drop->p);
+    if (drop && drop->p > 0.0f && (window > 0 || cap > 0.0f))
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dropout with a sliding window or a soft cap is not supported", fn);
+    if (drop && drop->p > 0.0f &&
+        (drop->Ht < H || drop->bh0 < 0 || qpos0 < 0 || kpos0 < 0 || qpos0 + Tq > drop->T || kpos0 + Tk > drop->T))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the dropout mask's heads (%lld a batch from %lld, H %lld) or "
+                        "length %lld do not hold the block (positions %lld + %lld, %lld + %lld)", fn,
+                        (long long)drop->Ht, (long long)drop->bh0, (long long)H, (long long)drop->T,
+                        (long long)qpos0, (long long)Tq, (long long)kpos0, (long long)Tk);
     if (window < 0 || (window > 0 && !causal))
         return dt_error(DT_ERR_INVALID_ARG, "%s: sliding window %lld must be >= 0, and > 0 only with the causal mask", fn,
                         (long long)window);
@@ -112,7 +134,8 @@ static inline int64_t first_key(int64_t window, int64_t qpos, int64_t kpos0, int
  * rows_acc (along D), then the log-sum-exp merge into the running (y, lse). */
 DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, int64_t ldT, const float *vw,
                                     int64_t nq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
-                                    int64_t window, float cap, float scale, float *y, int64_t ldy, float *lse)
+                                    int64_t window, float cap, float scale, const part_drop *dr, float *y,
+                                    int64_t ldy, float *lse)
 {
     float m[PBQ], l[PBQ], s[BK];
     float acc[PBQ][PART_DMAX];
@@ -150,6 +173,9 @@ DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, i
             for (int64_t d = 0; d < D; d++)
                 a[d] *= corr;
             float sum = att_exp_sum(vec, sr, ns, mx);
+            for (int64_t j = 0; dr && j < ns; j++) /* dropout after the sum */
+                sr[j] = dt__att_keep(dr->key, dr->p, dr->gbh, dr->T, qpos0 + r, kpos0 + js + j) ? sr[j] * dr->pscale
+                                                                                                 : 0.0f;
             rows_acc(vec, a, sr, 1, vw + js * D, D, ns, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
@@ -181,8 +207,8 @@ DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, i
  * floats), then part_fwd_rows runs on those tiles. */
 static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                           int64_t ldv, int64_t ia, int64_t iz, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0,
-                          bool causal, int64_t window, float cap, float scale, float *w, float *y, int64_t ldy,
-                          float *lse)
+                          bool causal, int64_t window, float cap, float scale, const part_drop *dr, float *w,
+                          float *y, int64_t ldy, float *lse)
 {
     const int64_t nkv = visible(causal, qpos0 + iz - 1, kpos0, Tk), ldT = dt__att_key_stride(nkv);
     if (nkv == 0 || first_key(window, qpos0 + ia, kpos0, Tk) >= nkv)
@@ -200,8 +226,8 @@ static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, 
         const int64_t nq = i0 + PBQ < iz ? PBQ : iz - i0;
         for (int64_t r = 0; r < nq; r++)
             memcpy(qt + r * D, q + (i0 + r) * ldq, (size_t)D * sizeof(float));
-        part_fwd_rows(vec, qt, kT, ldT, vw, nq, Tk, D, qpos0 + i0, kpos0, causal, window, cap, scale, y + i0 * ldy,
-                      ldy, lse + i0);
+        part_fwd_rows(vec, qt, kT, ldT, vw, nq, Tk, D, qpos0 + i0, kpos0, causal, window, cap, scale, dr,
+                      y + i0 * ldy, ldy, lse + i0);
     }
 }
 
@@ -212,13 +238,23 @@ static size_t part_fwd_scratch(int64_t Tk, int64_t D)
     return (size_t)((PBQ + 2 * Tk + 31) * D);
 }
 
+/* The dropout of head h of batch b of a block (p 0: none). */
+static part_drop part_drop_of(const dt_k_att_drop *drop, int64_t b, int64_t h)
+{
+    part_drop d = {0};
+    if (drop && drop->p > 0.0f)
+        d = (part_drop){.p = drop->p, .pscale = 1.0f / (1.0f - drop->p), .key = drop->key,
+                        .gbh = drop->bh0 + b * drop->Ht + h, .T = drop->T};
+    return d;
+}
+
 dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                   int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
-                                  int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap, float *y,
-                                  int64_t ldy, float *lse, int64_t ldlse)
+                                  int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
+                                  const dt_k_att_drop *drop, float *y, int64_t ldy, float *lse, int64_t ldlse)
 {
     const char *fn = "dt_k_attention_part_fwd";
-    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window, cap);
+    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window, cap, qpos0, kpos0, drop);
     if (st < 0)
         return st;
     if (ldlse < Tq)
@@ -249,10 +285,11 @@ dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, i
         for (int64_t t = 0; t < ntask; t++) {
             int64_t bh = t / ngr, b = bh / H, h = bh % H, q0 = (t % ngr) * g, q1 = q0 + g < nqb ? q0 + g : nqb;
             int64_t ia = q0 * PBQ, iz = q1 * PBQ < Tq ? q1 * PBQ : Tq;
+            const part_drop dr = part_drop_of(drop, b, h);
             if (w)
                 part_fwd_task(vec, q + b * Tq * ldq + h * D, ldq, k + b * Tk * ldk + h * D, ldk,
                               v + b * Tk * ldv + h * D, ldv, ia, iz, Tk, D, qpos0, kpos0, causal, window, cap, scale,
-                              w, y + b * Tq * ldy + h * D, ldy, lse + bh * ldlse);
+                              dr.p > 0.0f ? &dr : NULL, w, y + b * Tq * ldy + h * D, ldy, lse + bh * ldlse);
         }
         dt_free(w);
     }
@@ -274,8 +311,9 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
                                     int64_t ldk, const float *restrict v, int64_t ldv, const float *restrict y,
                                     int64_t ldy, const float *restrict lse, const float *restrict dy, int64_t lddy,
                                     int64_t Tq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
-                                    int64_t window, float cap, float scale, float *w, float *restrict dq, int64_t lddq,
-                                    float *restrict dk, int64_t lddk, float *restrict dv, int64_t lddv)
+                                    int64_t window, float cap, float scale, const part_drop *dr, float *w,
+                                    float *restrict dq, int64_t lddq, float *restrict dk, int64_t lddk,
+                                    float *restrict dv, int64_t lddv)
 {
     float *kt = w, *vt = kt + PART_DMAX * BK, *pdm = vt + PART_DMAX * BK, *dsm = pdm + Tq * BK;
     float *qw = dsm + Tq * BK, *gw = qw + Tq * D, *kw = gw + Tq * D, *dim = kw + Tk * D;
@@ -317,6 +355,14 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
                 att_probs(vec, sc + (js - ja), ne, 1.0f, L, pd);
                 for (int64_t jj = 0; jj < ne; jj++)
                     ds[jj] = pd[jj] * (dp[js - ja + jj] - Di) * (1.0f - th[jj] * th[jj]) * scale;
+            } else if (dr) { /* dS = P (d dP - Di), dv's weights d P: d the kept scale or 0 */
+                att_probs(vec, sc + (js - ja), ne, scale, L, pd);
+                for (int64_t jj = 0; jj < ne; jj++) {
+                    const bool kp = dt__att_keep(dr->key, dr->p, dr->gbh, dr->T, qpos0 + i, kpos0 + js + jj);
+                    const float P = pd[jj];
+                    pd[jj] = kp ? P * dr->pscale : 0.0f;
+                    ds[jj] = P * ((kp ? dp[js - ja + jj] * dr->pscale : 0.0f) - Di) * scale;
+                }
             } else {
                 att_probs(vec, sc + (js - ja), ne, scale, L, pd);
                 for (int64_t jj = 0; jj < ne; jj++)
@@ -339,10 +385,11 @@ dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, i
                                   int64_t ldv, const float *y, int64_t ldy, const float *lse, int64_t ldlse,
                                   const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                                   int64_t D, int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
-                                  float *dq, int64_t lddq, float *dk, int64_t lddk, float *dv, int64_t lddv)
+                                  const dt_k_att_drop *drop, float *dq, int64_t lddq, float *dk, int64_t lddk,
+                                  float *dv, int64_t lddv)
 {
     const char *fn = "dt_k_attention_part_bwd";
-    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window, cap);
+    dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy, causal, window, cap, qpos0, kpos0, drop);
     if (st < 0)
         return st;
     int64_t C = H * D;
@@ -377,10 +424,12 @@ dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, i
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++) {
             int64_t b = bh / H, h = bh % H, o = h * D;
+            const part_drop dr = part_drop_of(drop, b, h);
             if (kt)
                 part_bwd_head(vec, q + b * Tq * ldq + o, ldq, k + b * Tk * ldk + o, ldk, v + b * Tk * ldv + o, ldv,
                               y + b * Tq * ldy + o, ldy, lse + bh * ldlse, dy + b * Tq * lddy + o, lddy, Tq, Tk, D,
-                              qpos0, kpos0, causal, window, cap, scale, kt, dq + b * Tq * lddq + o, lddq,
+                              qpos0, kpos0, causal, window, cap, scale, dr.p > 0.0f ? &dr : NULL, kt,
+                              dq + b * Tq * lddq + o, lddq,
                               dk + b * Tk * lddk + o, lddk, dv + b * Tk * lddv + o, lddv);
         }
         dt_free(kt);

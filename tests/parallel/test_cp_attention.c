@@ -58,7 +58,10 @@ typedef struct {
     const int *order;
     int64_t window; /* with causal: a sliding window (0 none) */
     float cap;      /* with causal: a soft cap of the scores (0 none) */
+    float p;        /* dropout (0 none), the mask of heads [1, 1 + H) of a layer of H + 2 */
 } part_case;
+
+static const dt_rng_key k_drop_key = {{0x5eed, 0x1234}, 7};
 
 static void part_blocks(const part_case *pc, const float *qkv, const float *dy, const float *y, const float *lse,
                         float *yp, float *lp, float *dp)
@@ -71,9 +74,10 @@ static void part_blocks(const part_case *pc, const float *qkv, const float *dy, 
         int c = pc->order[o];
         for (int64_t b = 0; b < B; b++) {
             const float *k = qkv + (b * T + pc->k0[c]) * 3 * C + C;
+            const dt_k_att_drop dr = {pc->p, k_drop_key, b * (H + 2) + 1, H + 2, T};
             ASSERT_OK(dt_k_attention_part_fwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, 1, T, pc->kn[c], H,
-                                              D, 0, pc->k0[c], pc->causal, pc->window, pc->cap, yp + b * T * C, C,
-                                              lp + b * H * T, T));
+                                              D, 0, pc->k0[c], pc->causal, pc->window, pc->cap, pc->p > 0 ? &dr : NULL,
+                                              yp + b * T * C, C, lp + b * H * T, T));
         }
     }
     for (int o = 0; o < pc->nb; o++) {
@@ -81,10 +85,11 @@ static void part_blocks(const part_case *pc, const float *qkv, const float *dy, 
         for (int64_t b = 0; b < B; b++) {
             const float *k = qkv + (b * T + pc->k0[c]) * 3 * C + C;
             float *dk = dp + (b * T + pc->k0[c]) * 3 * C + C;
+            const dt_k_att_drop dr = {pc->p, k_drop_key, b * (H + 2) + 1, H + 2, T};
             ASSERT_OK(dt_k_attention_part_bwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, y + b * T * C, C,
                                               lse + b * H * T, T, dy + b * T * C, C, 1, T, pc->kn[c], H, D, 0,
-                                              pc->k0[c], pc->causal, pc->window, pc->cap, dp + b * T * 3 * C, 3 * C,
-                                              dk, 3 * C, dk + C, 3 * C));
+                                              pc->k0[c], pc->causal, pc->window, pc->cap, pc->p > 0 ? &dr : NULL,
+                                              dp + b * T * 3 * C, 3 * C, dk, 3 * C, dk + C, 3 * C));
         }
     }
 }
@@ -105,8 +110,8 @@ static void part_vs_whole(const part_case *pc, bool isa_bits)
         ASSERT_OK(dt_k_attention_window_fwd(qkv, B, T, H, D, pc->window, pc->cap, y, lse));
         ASSERT_OK(dt_k_attention_window_bwd(qkv, y, lse, dy, B, T, H, D, pc->window, pc->cap, dq));
     } else {
-        ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, pc->causal, 0.0f, (dt_rng_key){0}, y, lse));
-        ASSERT_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, pc->causal, 0.0f, (dt_rng_key){0}, dq));
+        ASSERT_OK(dt_k_attention_fwd_heads(qkv, B, T, H, D, 1, H + 2, pc->causal, pc->p, k_drop_key, y, lse));
+        ASSERT_OK(dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, 1, H + 2, pc->causal, pc->p, k_drop_key, dq));
     }
     part_blocks(pc, qkv, dy, y, lse, yp, lp, dp);
     for (size_t i = 0; i < ny; i++)
@@ -135,7 +140,19 @@ static void part_small(bool causal, int64_t window, float cap)
 {
     static const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6};
     static const int order[4] = {2, 0, 3, 1};
-    part_vs_whole(&(part_case){causal, 2, 19, 3, 8, 4, k0, kn, order, window, cap}, false);
+    part_vs_whole(&(part_case){causal, 2, 19, 3, 8, 4, k0, kn, order, window, cap, 0.0f}, false);
+}
+
+/* Dropout 0.3 on the blocks: each block draws its part of the whole sequence's mask (heads 1.. of a layer of H +
+ * 2: a wrong head, position or scale draws another and misses by far more than TOL), forward and backward; the
+ * long blocks' vector paths the portable loops' bits */
+TEST(part_blocks_dropout)
+{
+    static const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6}, l0[3] = {0, 70, 71}, ln[3] = {70, 1, 79};
+    static const int order[4] = {2, 0, 3, 1}, lorder[3] = {2, 0, 1};
+    part_vs_whole(&(part_case){true, 2, 19, 3, 8, 4, k0, kn, order, 0, 0.0f, 0.3f}, false);
+    part_vs_whole(&(part_case){false, 2, 19, 3, 8, 4, k0, kn, order, 0, 0.0f, 0.3f}, false);
+    part_vs_whole(&(part_case){true, 1, 150, 1, 24, 3, l0, ln, lorder, 0, 0.0f, 0.3f}, true);
 }
 
 TEST(part_blocks_equal_whole_causal) { part_small(true, 0, 0.0f); }
@@ -161,7 +178,7 @@ static void part_long(bool causal, int64_t window, float cap)
 {
     static const int64_t k0[3] = {0, 70, 71}, kn[3] = {70, 1, 79};
     static const int order[3] = {2, 0, 1};
-    part_vs_whole(&(part_case){causal, 1, 150, 1, 24, 3, k0, kn, order, window, cap}, true);
+    part_vs_whole(&(part_case){causal, 1, 150, 1, 24, 3, k0, kn, order, window, cap, 0.0f}, true);
 }
 
 TEST(part_long_blocks_causal) { part_long(true, 0, 0.0f); }
@@ -183,21 +200,29 @@ TEST(part_long_blocks_cap)
 TEST(part_bad_arguments)
 {
     float x[64] = {0}, l[4];
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 2, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, 0.0f, x, 4, l, 2),
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 2, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, 0.0f, NULL, x, 4, l, 2),
                   DT_ERR_INVALID_ARG); /* ldq below H D */
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, 0.0f, x, 4, l, 1),
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, 0.0f, NULL, x, 4, l, 1),
                   DT_ERR_INVALID_ARG); /* lse stride below Tq */
     ASSERT_STR_CONTAINS(dt_last_error(), "lse");
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, false, 3, 0.0f, x, 4, l, 2),
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, false, 3, 0.0f, NULL, x, 4, l, 2),
                   DT_ERR_INVALID_ARG); /* a window without the causal mask */
     ASSERT_STR_CONTAINS(dt_last_error(), "window");
-    ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 0, 0, true, -1, 0.0f, x,
-                                          4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* a negative window */
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, -1.0f, x, 4, l, 2),
+    ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 0, 0, true, -1, 0.0f, NULL,
+                                          x, 4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* a negative window */
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, -1.0f, NULL, x, 4, l, 2),
                   DT_ERR_INVALID_ARG); /* a negative cap */
     ASSERT_STR_CONTAINS(dt_last_error(), "soft cap");
     ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, INFINITY,
-                                          x, 4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* an infinite one */
+                                          NULL, x, 4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* an infinite one */
+    const dt_k_att_drop bad_p = {1.0f, k_drop_key, 0, 1, 2}, short_t = {0.1f, k_drop_key, 0, 1, 2};
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 0, 0.0f, &bad_p, x, 4, l, 2),
+                  DT_ERR_INVALID_ARG); /* dropout 1 */
+    ASSERT_STR_CONTAINS(dt_last_error(), "dropout");
+    ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 1, 0, true, 0, 0.0f,
+                                          &short_t, x, 4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* rows past T = 2 */
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 3, 0.0f, &short_t, x, 4, l, 2),
+                  DT_ERR_UNSUPPORTED); /* with a window */
 }
 
 TEST(layout_positions_and_uneven_refused)
@@ -280,6 +305,9 @@ static int body_ring(int rank, int P, void *arg)
     } else if (win) {
         TH_OK(dt_cp_attention_window_fwd(pg, &L, lq, B, H, D, rc->window, rc->cap, ly, ll));
         TH_OK(dt_cp_attention_window_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->window, rc->cap, ld));
+    } else if (!rc->ulysses && (rc->p > 0.0f || rc->Ht)) {
+        TH_OK(dt_cp_attention_heads_fwd(pg, &L, lq, B, H, D, rc->h0, Ht, rc->causal, rc->p, key, ly, ll));
+        TH_OK(dt_cp_attention_heads_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->h0, Ht, rc->causal, rc->p, key, ld));
     } else if (rc->ulysses && (rc->p > 0.0f || rc->Ht)) {
         TH_OK(dt_cp_ulysses_heads_fwd(pg, &L, lq, B, H, D, rc->h0, Ht, rc->causal, rc->p, key, ly, ll));
         TH_OK(dt_cp_ulysses_heads_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->h0, Ht, rc->causal, rc->p, key, ld));
@@ -365,16 +393,25 @@ TEST(ring_cp4_window)
 TEST(ring_cp2_soft_cap) { ring_window(2, 24, true, 0, 0.8f); }
 TEST(ring_cp4_window_and_cap) { ring_window(4, 40, true, 7, 0.8f); }
 
-/* Ulysses with dropout 0.3 on heads [4, 8) of a layer of 12 (a tp rank's heads): each cp rank's heads of the
- * whole sequence draw their part of the layer's mask, so y, lse and dqkv are the whole-sequence kernel's with the
- * same mask (a wrong head offset or position draws another mask: far outside the bound); causal and not */
+/* Ulysses and the ring with dropout 0.3 on heads [4, 8) of a layer of 12 (a tp rank's heads): Ulysses' heads of
+ * the whole sequence, and the ring's blocks, draw their part of the layer's mask, so y, lse and dqkv are the
+ * whole-sequence kernel's with the same mask (a wrong head offset or position draws another mask: far outside the
+ * bound); causal and not */
 static void ulysses_dropout(int P, int64_t T, bool balance, bool causal)
 {
     ring_case rc = {T, balance, causal, true, 4, 0, 0.0f, 0.3f, 4, 12};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
+static void ring_dropout(int P, int64_t T, bool balance, bool causal)
+{
+    ring_case rc = {T, balance, causal, false, 4, 0, 0.0f, 0.3f, 4, 12};
+    ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
+}
+
 TEST(ulysses_cp2_dropout_balanced_causal) { ulysses_dropout(2, 24, true, true); }
+TEST(ring_cp2_dropout_balanced_causal) { ring_dropout(2, 24, true, true); }
+TEST(ring_cp4_dropout_plain_full) { ring_dropout(4, 16, false, false); }
 TEST(ulysses_cp4_dropout_plain_full) { ulysses_dropout(4, 16, false, false); }
 
 /* Bad windows and caps are refused by both attentions before any exchange (no rank waits) */
@@ -428,6 +465,8 @@ int main(void)
     RUN(ulysses_cp4_window_and_cap);
     RUN(ulysses_cp2_dropout_balanced_causal);
     RUN(ulysses_cp4_dropout_plain_full);
+    RUN(ring_cp2_dropout_balanced_causal);
+    RUN(ring_cp4_dropout_plain_full);
     RUN(ring_cp2_window);
     RUN(ring_cp4_window);
     RUN(ring_cp2_soft_cap);
@@ -437,6 +476,7 @@ int main(void)
     RUN(part_blocks_equal_whole_full);
     RUN(part_blocks_equal_whole_window);
     RUN(part_blocks_equal_whole_cap);
+    RUN(part_blocks_dropout);
     RUN(part_long_blocks_causal);
     RUN(part_long_blocks_full);
     RUN(part_long_blocks_window);

@@ -209,8 +209,9 @@ TEST(attention_bf16_widened)
     ASSERT_EQ_INT(th_run(2, 60.0, body_bf16, &impl, NULL), 0);
 }
 
-/* dt_cp_attention_heads: dropout while training runs under Ulysses and is refused by the ring naming Ulysses (in
- * eval the ring takes it: no dropout there); heads outside the layer and p outside [0, 1) are refused */
+/* dt_cp_attention_heads under either attention: dropout 0.5 while training changes y, in eval it is the
+ * attention without dropout (the same bits as dt_cp_attention); heads outside the layer and p outside [0, 1) are
+ * refused */
 static int body_heads(int rank, int P, void *arg)
 {
     (void)arg;
@@ -226,23 +227,24 @@ static int body_heads(int rank, int P, void *arg)
     for (int64_t i = 0; i < Tl * 3 * C; i++)
         TH_OK(dt_tensor_set(q, i, (float)sin(0.3 * (double)(i + rank * 100))));
     const dt_rng_key key = dt_rng_key_make(5, DT_RNG_DROPOUT, 0, 0);
-    TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 0, (int)H, true, 0.2f, true, key) &&
-                 dt_last_status() == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "--cp-impl ulysses"),
-             "ring with dropout: %s", dt_last_error());
-    TH_CHECK(dt_cp_attention_heads(ctx, &p, q, (int)H, 0, (int)H, true, 0.2f, false, key) != NULL,
-             "ring in eval: %s", dt_last_error());
-    TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 1, (int)H, true, 0.0f, true, key) &&
-                 dt_last_status() == DT_ERR_INVALID_ARG, "heads [1, 3) of 2: %s", dt_last_error());
-    TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 0, (int)H, true, 1.0f, true, key) &&
-                 dt_last_status() == DT_ERR_INVALID_ARG, "dropout 1: %s", dt_last_error());
-    p.impl = DT_CP_ULYSSES;
-    dt_tensor *y0 = dt_cp_attention_heads(ctx, &p, q, (int)H, 2, 6, true, 0.0f, true, key);
-    dt_tensor *y1 = dt_cp_attention_heads(ctx, &p, q, (int)H, 2, 6, true, 0.5f, true, key);
-    TH_CHECK(y0 && y1, "Ulysses with dropout: %s", dt_last_error());
-    int differ = 0;
-    for (int64_t i = 0; i < Tl * C; i++)
-        differ += dt_tensor_get(y0, i) != dt_tensor_get(y1, i);
-    TH_CHECK(differ > 0, "dropout 0.5 changed nothing");
+    for (int impl = 0; impl < DT_CP_IMPL_COUNT; impl++) {
+        p.impl = (dt_cp_impl)impl;
+        dt_tensor *y0 = dt_cp_attention(ctx, &p, q, (int)H, true);
+        dt_tensor *ye = dt_cp_attention_heads(ctx, &p, q, (int)H, 2, 6, true, 0.5f, false, key);
+        dt_tensor *y1 = dt_cp_attention_heads(ctx, &p, q, (int)H, 2, 6, true, 0.5f, true, key);
+        TH_CHECK(y0 && ye && y1, "%s with dropout: %s", dt_cp_impl_name(p.impl), dt_last_error());
+        int differ = 0;
+        for (int64_t i = 0; i < Tl * C; i++) {
+            TH_CHECK(dt_tensor_get(ye, i) == dt_tensor_get(y0, i), "%s in eval: y[%lld] %g, without dropout %g",
+                     dt_cp_impl_name(p.impl), (long long)i, dt_tensor_get(ye, i), dt_tensor_get(y0, i));
+            differ += dt_tensor_get(y1, i) != dt_tensor_get(y0, i);
+        }
+        TH_CHECK(differ > 0, "%s: dropout 0.5 changed nothing", dt_cp_impl_name(p.impl));
+        TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 1, (int)H, true, 0.0f, true, key) &&
+                     dt_last_status() == DT_ERR_INVALID_ARG, "heads [1, 3) of 2: %s", dt_last_error());
+        TH_CHECK(!dt_cp_attention_heads(ctx, &p, q, (int)H, 0, (int)H, true, 1.0f, true, key) &&
+                     dt_last_status() == DT_ERR_INVALID_ARG, "dropout 1: %s", dt_last_error());
+    }
     dt_tensor_free(q);
     dt_ctx_free(ctx);
     dt_pg_free(pg);

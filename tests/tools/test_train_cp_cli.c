@@ -7,8 +7,9 @@
  * (the attention widened to f32) cp 2 follows the one-process bf16 run
  * (whose attention kernel works on bf16 operands; the sums run in another
  * order too): the first step's loss within 2e-4, the first five within
- * 5e-3, all 20 within 3e-2; with --dropout 0.1 under Ulysses cp 2 (also
- * x tp 2) the one-process losses and dp 2 x cp 2 the 2-rank DDP ones; DeepSpeed's
+ * 5e-3, all 20 within 3e-2; with --dropout 0.1, ring and Ulysses, cp 2 and
+ * 4, also x tp 2, the one-process losses and dp 2 x cp 2 the 2-rank DDP
+ * ones; DeepSpeed's
  * sequence_parallel_size in a --config turns on Ulysses;
  * and the bad flags, degrees and keys exit 2 with one line naming the
  * problem. Every run reads the same token file; the data of a replica is
@@ -256,8 +257,6 @@ TEST(cp_option_errors)
     bad(1, (char *[]){"--cp", "2", "--cp-impl", "tree", NULL}, "--cp-impl: 'tree' is not one of {ring|ulysses}");
     bad(1, (char *[]){"--cp", "2", "--cp-balance", "maybe", NULL}, "--cp-balance");
     bad(1, (char *[]){"--cp", "0", NULL}, "--cp");
-    bad(1, (char *[]){"--cp", "2", "--dropout", "0.1", NULL},
-        "--cp 2 does not combine with --dropout > 0 under ring attention");
     bad(2, (char *[]){"--cp", "2", "--seq", "14", NULL},
         "sequence length 14 is not a multiple of 4 (cp 2 x 2 chunks a rank for the causal load balance)");
     bad(2, (char *[]){"--cp", "2", "--seq", "15", "--cp-balance", "off", NULL},
@@ -288,9 +287,9 @@ TEST(cp_option_errors)
     bad(1, (char *[]){"--config", cfg, NULL}, "sequence_parallel_size");
 }
 
-/* --dropout 0.1 under Ulysses: cp 2, cp 2 x tp 2 (1 head a rank: the heads' offsets in the layer's mask) against
- * one process, dp 2 x cp 2 against DDP on 2 ranks (the cp ranks of a replica draw its masks): the same losses,
- * which the dropout moves (the run without it differs); the ring refuses it by name */
+/* --dropout 0.1: ring and Ulysses cp 2, cp 2 x tp 2 (1 head a rank under Ulysses: the heads' offsets in the
+ * layer's mask) against one process, dp 2 x cp 2 against DDP on 2 ranks (the cp ranks of a replica draw its
+ * masks): the same losses, which the dropout moves (the run without it differs) */
 TEST(gpt_cp_dropout_equals_one_process)
 {
     double one[64], ddp[64], plain[64];
@@ -308,12 +307,18 @@ TEST(gpt_cp_dropout_equals_one_process)
     ASSERT(!cli_same_losses(one, n1, plain, np, 1e-3)); /* the dropout acts */
     same_as("gpt-micro", 2, "gpt_cp2u_drop", (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL},
             one, n1, "ulysses attention");
+    same_as("gpt-micro", 2, "gpt_cp2r_drop", (char *[]){"--cp", "2", "--dropout", "0.1", NULL}, one, n1,
+            "ring attention");
+    same_as("gpt-micro", 4, "gpt_cp4r_drop", (char *[]){"--cp", "4", "--dropout", "0.1", NULL}, one, n1,
+            "ring attention");
     same_as("gpt-micro", 4, "gpt_cp2tp2u_drop",
             (char *[]){"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, one, n1,
             "[0] tensor parallel: 2 ranks per group");
     same_as("gpt-micro", 4, "gpt_dp2cp2u_drop",
             (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, ddp, nd,
             "gradients reduced over 2 data-parallel x 2 context-parallel ranks");
+    same_as("gpt-micro", 4, "gpt_cp2tp2r_drop", (char *[]){"--cp", "2", "--tp", "2", "--dropout", "0.1", NULL}, one,
+            n1, "[0] tensor parallel: 2 ranks per group");
 }
 
 /* --precision bf16: GPT-2 under Ulysses, Llama under the ring, against the one-process bf16 runs */

@@ -104,14 +104,43 @@ static dt_status mask_args(const char *fn, bool causal, int64_t window, float ca
     return DT_OK;
 }
 
+/* Dropout on the probabilities of heads [h0, h0 + H) of a layer of Ht (p 0: none): the ring's blocks draw their
+ * part of the whole sequence's mask (dt_k_att_drop), Ulysses' kernel that of the rank's heads after the exchange
+ * ([h0 + r Hp, h0 + (r+1) Hp) on rank r); checked before any exchange, alike on every rank */
+typedef struct {
+    float p;
+    dt_rng_key key;
+    int64_t h0, Ht;
+} cp_drop;
+
+static dt_status drop_args(const char *fn, int64_t H, int64_t window, float cap, const cp_drop *dr)
+{
+    if (!(dr->p >= 0.0f && dr->p < 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: dropout probability %g is outside [0, 1)", fn, (double)dr->p);
+    if (dr->h0 < 0 || dr->Ht < dr->h0 + H)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: heads [%lld, %lld) are not inside a layer of %lld", fn,
+                        (long long)dr->h0, (long long)(dr->h0 + H), (long long)dr->Ht);
+    if (dr->p > 0.0f && (window > 0 || cap > 0.0f))
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dropout with a sliding window or a soft cap is not supported", fn);
+    return DT_OK;
+}
+
 /* the ring's forward; with causal: window > 0 a sliding window (the blocks before every row's window skipped),
  * cap > 0 a soft cap of the scores */
+/* The block kernel's dropout for batch b of a sequence of T positions (heads h0.. of Ht) */
+static dt_k_att_drop block_drop(const cp_drop *dr, int64_t b, int64_t T)
+{
+    return (dt_k_att_drop){.p = dr->p, .key = dr->key, .bh0 = b * dr->Ht + dr->h0, .Ht = dr->Ht, .T = T};
+}
+
 static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
-                          int64_t D, bool causal, int64_t window, float cap, float *y, float *lse)
+                          int64_t D, bool causal, int64_t window, float cap, const cp_drop *dr, float *y, float *lse)
 {
     dt_status st = cp_args(fn, cp, l, B, H, D);
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
+    if (st >= 0)
+        st = drop_args(fn, H, window, cap, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -139,8 +168,9 @@ static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
             for (int a = 0; a < l->nchunks && st >= 0; a++)
                 for (int c = 0; c < src.nchunks && st >= 0; c++) {
                     const float *k = cur + (b * Tl + c * ch) * 2 * C;
+                    const dt_k_att_drop kd = block_drop(dr, b, l->T);
                     st = dt_k_attention_part_fwd(qkv + (b * Tl + a * ch) * 3 * C, 3 * C, k, 2 * C, k + C, 2 * C, 1,
-                                                 ch, ch, H, D, l->start[a], src.start[c], causal, window, cap,
+                                                 ch, ch, H, D, l->start[a], src.start[c], causal, window, cap, &kd,
                                                  y + (b * Tl + a * ch) * C, C, lse + b * H * Tl + a * ch, Tl);
                 }
         if (rq[0] || rq[1]) {
@@ -159,11 +189,13 @@ static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
 /* the ring's backward, window and cap as ring_fwd's */
 static dt_status ring_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                           const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
-                          int64_t window, float cap, float *dqkv)
+                          int64_t window, float cap, const cp_drop *dr, float *dqkv)
 {
     dt_status st = cp_args(fn, cp, l, B, H, D);
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
+    if (st >= 0)
+        st = drop_args(fn, H, window, cap, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -191,10 +223,11 @@ static dt_status ring_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
                     const int64_t qo = (b * Tl + a * ch), ko = (b * Tl + c * ch);
                     const float *k = cur + ko * 2 * C;
                     float *dk = cur + nkv + ko * 2 * C;
+                    const dt_k_att_drop kd = block_drop(dr, b, l->T);
                     st = dt_k_attention_part_bwd(qkv + qo * 3 * C, 3 * C, k, 2 * C, k + C, 2 * C, y + qo * C, C,
                                                  lse + b * H * Tl + a * ch, Tl, dy + qo * C, C, 1, ch, ch, H, D,
-                                                 l->start[a], src.start[c], causal, window, cap, dqkv + qo * 3 * C,
-                                                 3 * C, dk, 2 * C, dk + C, 2 * C);
+                                                 l->start[a], src.start[c], causal, window, cap, &kd,
+                                                 dqkv + qo * 3 * C, 3 * C, dk, 2 * C, dk + C, 2 * C);
                 }
         if (st >= 0 && P > 1) {
             /* pass the block and its accumulator on; after the last step only
@@ -327,29 +360,8 @@ static dt_status ulysses_args(const char *fn, dt_pg *cp, const dt_cp_layout *l, 
 }
 
 
-/* The whole-sequence kernel's dropout for the rank's heads after the exchange: heads [h0 + r Hp, h0 + (r+1) Hp)
- * of the layer's Ht (rank r of the group; h0, Ht: the heads of the layer these H are), so the group draws the
- * single-process mask; checked before any exchange, alike on every rank */
-typedef struct {
-    float p;
-    dt_rng_key key;
-    int64_t h0, Ht;
-} ulysses_drop;
-
-static dt_status drop_args(const char *fn, int64_t H, int64_t window, float cap, const ulysses_drop *dr)
-{
-    if (!(dr->p >= 0.0f && dr->p < 1.0f))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: dropout probability %g is outside [0, 1)", fn, (double)dr->p);
-    if (dr->h0 < 0 || dr->Ht < dr->h0 + H)
-        return dt_error(DT_ERR_INVALID_ARG, "%s: heads [%lld, %lld) are not inside a layer of %lld", fn,
-                        (long long)dr->h0, (long long)(dr->h0 + H), (long long)dr->Ht);
-    if (dr->p > 0.0f && (window > 0 || cap > 0.0f))
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: dropout with a sliding window or a soft cap is not supported", fn);
-    return DT_OK;
-}
-
 static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
-                             int64_t D, bool causal, int64_t window, float cap, const ulysses_drop *dr, float *y,
+                             int64_t D, bool causal, int64_t window, float cap, const cp_drop *dr, float *y,
                              float *lse)
 {
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
@@ -384,7 +396,7 @@ static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
 
 static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                              const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
-                             int64_t window, float cap, const ulysses_drop *dr, float *dqkv)
+                             int64_t window, float cap, const cp_drop *dr, float *dqkv)
 {
     dt_status st = ulysses_args(fn, cp, l, B, H, D);
     if (st >= 0)
@@ -423,26 +435,26 @@ static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     return st;
 }
 
-static ulysses_drop no_drop(int64_t H) { return (ulysses_drop){.p = 0.0f, .h0 = 0, .Ht = H}; }
+static cp_drop no_drop(int64_t H) { return (cp_drop){.p = 0.0f, .h0 = 0, .Ht = H}; }
 
 dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                             bool causal, float *y, float *lse)
 {
-    const ulysses_drop dr = no_drop(H);
+    const cp_drop dr = no_drop(H);
     return ulysses_fwd("dt_cp_ulysses_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, &dr, y, lse);
 }
 
 dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
                             const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
 {
-    const ulysses_drop dr = no_drop(H);
+    const cp_drop dr = no_drop(H);
     return ulysses_bwd("dt_cp_ulysses_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, &dr, dqkv);
 }
 
 dt_status dt_cp_ulysses_heads_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                                   int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
 {
-    const ulysses_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
     return ulysses_fwd("dt_cp_ulysses_heads_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, &dr, y, lse);
 }
 
@@ -450,7 +462,7 @@ dt_status dt_cp_ulysses_heads_bwd(dt_pg *cp, const dt_cp_layout *l, const float 
                                   const float *dy, int64_t B, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
                                   float p, dt_rng_key key, float *dqkv)
 {
-    const ulysses_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
     return ulysses_bwd("dt_cp_ulysses_heads_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, &dr, dqkv);
 }
 
@@ -458,7 +470,7 @@ dt_status dt_cp_ulysses_heads_bwd(dt_pg *cp, const dt_cp_layout *l, const float 
 dt_status dt_cp_ulysses_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                                    int64_t window, float cap, float *y, float *lse)
 {
-    const ulysses_drop dr = no_drop(H);
+    const cp_drop dr = no_drop(H);
     return ulysses_fwd("dt_cp_ulysses_window_fwd", cp, l, qkv, B, H, D, true, window, cap, &dr, y, lse);
 }
 
@@ -466,31 +478,51 @@ dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float
                                    const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t window,
                                    float cap, float *dqkv)
 {
-    const ulysses_drop dr = no_drop(H);
+    const cp_drop dr = no_drop(H);
     return ulysses_bwd("dt_cp_ulysses_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, &dr, dqkv);
 }
 
 dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                               bool causal, float *y, float *lse)
 {
-    return ring_fwd("dt_cp_attention_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, y, lse);
+    const cp_drop dr = no_drop(H);
+    return ring_fwd("dt_cp_attention_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, &dr, y, lse);
 }
 
 dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
                               const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
 {
-    return ring_bwd("dt_cp_attention_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, dqkv);
+    const cp_drop dr = no_drop(H);
+    return ring_bwd("dt_cp_attention_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, &dr, dqkv);
+}
+
+dt_status dt_cp_attention_heads_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                                    int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y,
+                                    float *lse)
+{
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ring_fwd("dt_cp_attention_heads_fwd", cp, l, qkv, B, H, D, causal, 0, 0.0f, &dr, y, lse);
+}
+
+dt_status dt_cp_attention_heads_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                    const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t h0,
+                                    int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv)
+{
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ring_bwd("dt_cp_attention_heads_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, 0, 0.0f, &dr, dqkv);
 }
 
 dt_status dt_cp_attention_window_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
                                      int64_t D, int64_t window, float cap, float *y, float *lse)
 {
-    return ring_fwd("dt_cp_attention_window_fwd", cp, l, qkv, B, H, D, true, window, cap, y, lse);
+    const cp_drop dr = no_drop(H);
+    return ring_fwd("dt_cp_attention_window_fwd", cp, l, qkv, B, H, D, true, window, cap, &dr, y, lse);
 }
 
 dt_status dt_cp_attention_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                      const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t window,
                                      float cap, float *dqkv)
 {
-    return ring_bwd("dt_cp_attention_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, dqkv);
+    const cp_drop dr = no_drop(H);
+    return ring_bwd("dt_cp_attention_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, &dr, dqkv);
 }

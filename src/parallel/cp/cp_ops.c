@@ -32,11 +32,10 @@ typedef struct {
     dt_rng_key key;
 } attn_mask;
 
-/* The attentions over the group, one row per dt_cp_impl; dropout: whether it draws attention dropout */
+/* The attentions over the group, one row per dt_cp_impl */
 typedef struct {
     const char *name;
     bool by_heads; /* the heads (of this rank) are divided over the group */
-    bool dropout;
     dt_status (*fwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                      const attn_mask *m, float *y, float *lse);
     dt_status (*bwd)(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
@@ -46,15 +45,18 @@ typedef struct {
 static dt_status ring_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                           const attn_mask *m, float *y, float *lse)
 {
-    return m->causal ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, m->window, m->cap, y, lse)
-                     : dt_cp_attention_fwd(cp, l, qkv, B, H, D, false, y, lse);
+    return m->window > 0 || m->cap > 0.0f
+               ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, m->window, m->cap, y, lse)
+               : dt_cp_attention_heads_fwd(cp, l, qkv, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key, y, lse);
 }
 
 static dt_status ring_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
                           const float *dy, int64_t B, int64_t H, int64_t D, const attn_mask *m, float *dqkv)
 {
-    return m->causal ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->window, m->cap, dqkv)
-                     : dt_cp_attention_bwd(cp, l, qkv, y, lse, dy, B, H, D, false, dqkv);
+    return m->window > 0 || m->cap > 0.0f
+               ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->window, m->cap, dqkv)
+               : dt_cp_attention_heads_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key,
+                                           dqkv);
 }
 
 static dt_status ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
@@ -75,8 +77,8 @@ static dt_status ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv,
 }
 
 static const cp_impl_ops k_impl[DT_CP_IMPL_COUNT] = {
-    [DT_CP_RING] = {"ring", false, false, ring_fwd, ring_bwd},
-    [DT_CP_ULYSSES] = {"ulysses", true, true, ulysses_fwd, ulysses_bwd},
+    [DT_CP_RING] = {"ring", false, ring_fwd, ring_bwd},
+    [DT_CP_ULYSSES] = {"ulysses", true, ulysses_fwd, ulysses_bwd},
 };
 _Static_assert(DT_CP_IMPL_COUNT == 2, "one row per dt_cp_impl");
 
@@ -201,11 +203,6 @@ static dt_tensor *cp_attention_f32(dt_ctx *ctx, const char *op, const dt_cp_para
     if (qkv->ndim != 3 || n_head < 1 || qkv->shape[2] % (3 * (int64_t)n_head)) {
         dt_error(DT_ERR_SHAPE, "%s: want qkv [B, T/cp, 3 n_head hd] with n_head %d, got %s", op, n_head,
                  dt_tensor_shape_str(qkv, s, sizeof s));
-        return NULL;
-    }
-    if (m->p > 0.0f && !k_impl[p->impl].dropout) {
-        dt_error(DT_ERR_UNSUPPORTED, "%s: attention dropout %g under %s attention is not supported yet (Ulysses draws "
-                 "it: --cp-impl ulysses)", op, (double)m->p, dt_cp_impl_name(p->impl));
         return NULL;
     }
     const int P = dt_pg_size(p->group);
