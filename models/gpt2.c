@@ -40,11 +40,10 @@
  * the sequence); layer norms, MLP and head run on the rows; the loss
  * (dt_model_desc_loss) takes the target's same rows and the whole
  * sequence's mean. Dropout draws one process's masks under either
- * attention: the embedding, residual and MLP
- * dropouts on the rank's rows their part of the whole sequence's
- * (drop_forward), the attention's through dt_cp_attention_heads, the cp
- * ranks keyed as their replica (dt_model_set_replica_ranks). Not with
- * sequence parallelism. */
+ * attention: the embedding, residual and MLP dropouts on the rank's rows
+ * their part of the whole sequence's (drop_forward), the attention's
+ * through dt_cp_attention_heads, the cp ranks keyed as their replica
+ * (dt_model_set_replica_ranks). Not with sequence parallelism. */
 #include "zoo.h"
 
 #include <dtrain/precision.h>

@@ -125,14 +125,14 @@ static dt_status drop_args(const char *fn, int64_t H, int64_t window, float cap,
     return DT_OK;
 }
 
-/* the ring's forward; with causal: window > 0 a sliding window (the blocks before every row's window skipped),
- * cap > 0 a soft cap of the scores */
 /* The block kernel's dropout for batch b of a sequence of T positions (heads h0.. of Ht) */
 static dt_k_att_drop block_drop(const cp_drop *dr, int64_t b, int64_t T)
 {
     return (dt_k_att_drop){.p = dr->p, .key = dr->key, .bh0 = b * dr->Ht + dr->h0, .Ht = dr->Ht, .T = T};
 }
 
+/* the ring's forward; with causal: window > 0 a sliding window (the blocks before every row's window skipped),
+ * cap > 0 a soft cap of the scores; dr its dropout */
 static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
                           int64_t D, bool causal, int64_t window, float cap, const cp_drop *dr, float *y, float *lse)
 {
