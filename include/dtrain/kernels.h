@@ -812,7 +812,9 @@ typedef struct dt_k_att_drop {
  * b Ht + h) T + qpos0 + i) T + kpos0 + j) >= p, scaled by 1 / (1 - p):
  * the mask dt_k_attention_fwd_heads draws over the whole sequence (heads h0
  * ... of a layer of Ht), so the blocks of a ring together draw one process's.
- * lse stays that of the undropped scores. */
+ * lse stays that of the undropped scores. p outside [0, 1), or a mask whose
+ * heads or length do not hold the block: DT_ERR_INVALID_ARG; p > 0 with a
+ * window or a cap: DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                          int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
                                          int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,
