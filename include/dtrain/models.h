@@ -162,11 +162,13 @@ typedef struct dt_model_config {
                                      or Ulysses attention over the group and everything else on
                                      its rows; the output is [B, T/P, V] of those rows and the
                                      loss the whole sequence's mean (dt_model_desc_loss). Needs
-                                     seq a multiple of P (2P balanced), for Ulysses the heads a
-                                     multiple of P (after tp's split), dropout 0 and f32
-                                     (DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED naming them); with
-                                     tp, the heads split first. Default dt_cp_params_default()
-                                     (none) */
+                                     seq a multiple of P (2P balanced) and for Ulysses the heads
+                                     a multiple of P (after tp's split) (DT_ERR_INVALID_ARG naming
+                                     them); with tp, the heads split first. GPT-2's dropout draws
+                                     one process's masks (the cp ranks of a replica keyed as it:
+                                     dt_model_set_replica_ranks); a bf16/f16 model's attention
+                                     runs in f32 (dt_cp_attention). Default
+                                     dt_cp_params_default() (none) */
     bool fused_lm_loss;           /* GPT-2 without tp: in training mode (dt_model_train) the
                                      forward returns the final hidden states [B, T, C] (after
                                      ln_f) instead of the logits, and dt_model_desc_loss applies
@@ -369,9 +371,7 @@ typedef struct dt_hf_config {
  * longrope, as Phi3Config reads them), hidden_act other than silu (Gemma:
  * GELU's tanh form), a rope type other than default for Gemma 3's sliding
  * layers, Phi-3's dropouts,
- * attention dropout, ...; context parallelism over a sequence longer than
- * a sliding window, or with Gemma 2's attention soft cap, is refused when
- * the model is built),
+ * attention dropout, ...),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
  * dt_model_create("hf:DIR", ...) builds the model it describes (after
  * checking the weights' embedding against vocab_size and the width, and a
