@@ -136,36 +136,24 @@ static void part_vs_whole(const part_case *pc, bool isa_bits)
  * of 4, rows whose window starts inside a block, a block of one key some rows' windows pass by, the first block
  * before the last rows' windows whole; of 1, each row its own key; a cap of 0.3 bends these inputs' scores,
  * up to ~1.2, to under 0.3). */
-static void part_small(bool causal, int64_t window, float cap)
+static void part_small(bool causal, int64_t window, float cap, float p)
 {
     static const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6};
     static const int order[4] = {2, 0, 3, 1};
-    part_vs_whole(&(part_case){causal, 2, 19, 3, 8, 4, k0, kn, order, window, cap, 0.0f}, false);
+    part_vs_whole(&(part_case){causal, 2, 19, 3, 8, 4, k0, kn, order, window, cap, p}, false);
 }
 
-/* Dropout 0.3 on the blocks: each block draws its part of the whole sequence's mask (heads 1.. of a layer of H +
- * 2: a wrong head, position or scale draws another and misses by far more than TOL), forward and backward; the
- * long blocks' vector paths the portable loops' bits */
-TEST(part_blocks_dropout)
-{
-    static const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6}, l0[3] = {0, 70, 71}, ln[3] = {70, 1, 79};
-    static const int order[4] = {2, 0, 3, 1}, lorder[3] = {2, 0, 1};
-    part_vs_whole(&(part_case){true, 2, 19, 3, 8, 4, k0, kn, order, 0, 0.0f, 0.3f}, false);
-    part_vs_whole(&(part_case){false, 2, 19, 3, 8, 4, k0, kn, order, 0, 0.0f, 0.3f}, false);
-    part_vs_whole(&(part_case){true, 1, 150, 1, 24, 3, l0, ln, lorder, 0, 0.0f, 0.3f}, true);
-}
-
-TEST(part_blocks_equal_whole_causal) { part_small(true, 0, 0.0f); }
-TEST(part_blocks_equal_whole_full) { part_small(false, 0, 0.0f); }
+TEST(part_blocks_equal_whole_causal) { part_small(true, 0, 0.0f, 0.0f); }
+TEST(part_blocks_equal_whole_full) { part_small(false, 0, 0.0f, 0.0f); }
 TEST(part_blocks_equal_whole_window)
 {
-    part_small(true, 4, 0.0f);
-    part_small(true, 1, 0.0f);
+    part_small(true, 4, 0.0f, 0.0f);
+    part_small(true, 1, 0.0f, 0.0f);
 }
 TEST(part_blocks_equal_whole_cap)
 {
-    part_small(true, 0, 0.3f);
-    part_small(true, 4, 0.3f);
+    part_small(true, 0, 0.3f, 0.0f);
+    part_small(true, 4, 0.3f, 0.0f);
 }
 
 /* One head of 150 positions (ten 16-row query blocks: a forward task takes
@@ -174,27 +162,37 @@ TEST(part_blocks_equal_whole_cap)
  * key, and one of 70 whose causal rows start mid-block; the vector paths
  * (the tiles, the four-key sums, the 8-lane exponentials) against the
  * portable loops bit for bit too. */
-static void part_long(bool causal, int64_t window, float cap)
+static void part_long(bool causal, int64_t window, float cap, float p)
 {
     static const int64_t k0[3] = {0, 70, 71}, kn[3] = {70, 1, 79};
     static const int order[3] = {2, 0, 1};
-    part_vs_whole(&(part_case){causal, 1, 150, 1, 24, 3, k0, kn, order, window, cap, 0.0f}, true);
+    part_vs_whole(&(part_case){causal, 1, 150, 1, 24, 3, k0, kn, order, window, cap, p}, true);
 }
 
-TEST(part_long_blocks_causal) { part_long(true, 0, 0.0f); }
-TEST(part_long_blocks_full) { part_long(false, 0, 0.0f); }
+TEST(part_long_blocks_causal) { part_long(true, 0, 0.0f, 0.0f); }
+TEST(part_long_blocks_full) { part_long(false, 0, 0.0f, 0.0f); }
 /* windows of 37 (rows starting mid 64-key block and mid 8-key step), 64 (a block's width) and 100 (a window that
  * spans the three blocks) */
 TEST(part_long_blocks_window)
 {
-    part_long(true, 37, 0.0f);
-    part_long(true, 64, 0.0f);
-    part_long(true, 100, 0.0f);
+    part_long(true, 37, 0.0f, 0.0f);
+    part_long(true, 64, 0.0f, 0.0f);
+    part_long(true, 100, 0.0f, 0.0f);
 }
 TEST(part_long_blocks_cap)
 {
-    part_long(true, 0, 0.5f);
-    part_long(true, 37, 0.5f);
+    part_long(true, 0, 0.5f, 0.0f);
+    part_long(true, 37, 0.5f, 0.0f);
+}
+
+/* Dropout 0.3 on the blocks: each block draws its part of the whole sequence's mask (heads 1.. of a layer of H +
+ * 2: a wrong head, position or scale draws another and misses by far more than TOL), forward and backward; the
+ * long blocks' vector paths the portable loops' bits */
+TEST(part_blocks_dropout)
+{
+    part_small(true, 0, 0.0f, 0.3f);
+    part_small(false, 0, 0.0f, 0.3f);
+    part_long(true, 0, 0.0f, 0.3f);
 }
 
 TEST(part_bad_arguments)
@@ -251,7 +249,7 @@ typedef struct {
     int64_t H;      /* 0: 4 */
     int64_t window; /* with causal: a sliding window (0 none) */
     float cap;      /* and a soft cap (0 none); either: the window kernels are the reference */
-    float p;        /* Ulysses: dropout on the probabilities (0 none) over heads [h0, h0 + H) of a layer of Ht */
+    float p;        /* dropout on the probabilities (0 none) over heads [h0, h0 + H) of a layer of Ht */
     int64_t h0, Ht; /* (Ht 0: H) */
 } ring_case;
 
