@@ -356,6 +356,29 @@ DT_API dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, in
  * window >= 0 and softcap finite and >= 0, else DT_ERR_INVALID_ARG. The heads are independent, so a rank's heads
  * under tensor parallelism need nothing more. */
 DT_API dt_tensor *dt_attention_window(dt_ctx *ctx, dt_tensor *qkv, int n_head, int64_t window, float softcap);
+/* What an attention computes, all of it at once (dt_attention_ex; over a
+ * context-parallel group dt_cp_attention_ex, cp.h): the forms above are
+ * shorthands for some of it. Zero-initialised: every head of qkv, no mask,
+ * no window, no cap, no dropout. */
+typedef struct dt_attention_spec {
+    int n_head;        /* heads in qkv (> 0) */
+    int head0;         /* the layer's heads these are: [head0, head0 + n_head) of heads_total (tensor */
+    int heads_total;   /* parallelism: the rank's; the dropout mask's head index); heads_total 0: n_head */
+    bool causal;       /* query i sees the keys j <= i */
+    int64_t window;    /* > 0: query i sees the keys (i - window, i] (causal only); 0 none */
+    float softcap;     /* > 0: the scores s become softcap tanh(s / softcap) (causal only); 0 none */
+    float dropout_p;   /* on the probabilities, in [0, 1); 0 none */
+    bool training;     /* dropout only when training */
+    dt_rng_key key;    /* the dropout mask's key (dt_module_dropout_key) */
+} dt_attention_spec;
+/* Attention over qkv [B, T, 3C] as s describes it (dt_k_attention_ex_fwd):
+ * the result [B, T, C] in qkv's dtype, as dt_attention's. The window and
+ * the cap as dt_attention_window's, the dropout mask dt_attention_heads'
+ * (the layer's heads: a tensor-parallel run draws the one-process mask),
+ * applied to the probabilities of the capped scores. A window or a cap
+ * without causal, a negative window, a cap not finite or negative, p
+ * outside [0, 1), or heads not inside heads_total: DT_ERR_INVALID_ARG. */
+DT_API dt_tensor *dt_attention_ex(dt_ctx *ctx, dt_tensor *qkv, const dt_attention_spec *s);
 /* Soft capping, Gemma 2's final_logit_softcapping: cap tanh(x / cap),
  * elementwise (cap positive and finite, else DT_ERR_INVALID_ARG); in f32,
  * a bf16/f16 x widened and the result rounded to its dtype. */

@@ -130,6 +130,26 @@ DT_API dt_status dt_cp_ulysses_window_fwd(dt_pg *cp, const dt_cp_layout *l, cons
 DT_API dt_status dt_cp_ulysses_window_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                           const float *lse, const float *dy, int64_t B, int64_t H, int64_t D,
                                           int64_t window, float cap, float *dqkv);
+/* Both attentions with every argument at once, the general form of the
+ * pairs above: heads [h0, h0 + H) of a layer of Ht, the causal mask or
+ * none, a sliding window and a soft cap (causal only), and dropout p with
+ * its key, the whole sequence's mask of dt_k_attention_ex_fwd (the ring's
+ * blocks each their part, dt_k_att_drop; Ulysses' kernel the rank's heads'
+ * after the exchange). Every argument checked before any exchange. */
+DT_API dt_status dt_cp_attention_ex_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                                        int64_t D, int64_t h0, int64_t Ht, bool causal, int64_t window, float cap,
+                                        float p, dt_rng_key key, float *y, float *lse);
+DT_API dt_status dt_cp_attention_ex_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                        const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t h0,
+                                        int64_t Ht, bool causal, int64_t window, float cap, float p, dt_rng_key key,
+                                        float *dqkv);
+DT_API dt_status dt_cp_ulysses_ex_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                                      int64_t D, int64_t h0, int64_t Ht, bool causal, int64_t window, float cap,
+                                      float p, dt_rng_key key, float *y, float *lse);
+DT_API dt_status dt_cp_ulysses_ex_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                      const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, int64_t h0,
+                                      int64_t Ht, bool causal, int64_t window, float cap, float p, dt_rng_key key,
+                                      float *dqkv);
 
 /* ---- context parallelism in a model -------------------------------------------------
  *
@@ -198,6 +218,14 @@ DT_API dt_tensor *dt_cp_attention_heads(dt_ctx *ctx, const dt_cp_params *p, dt_t
  * attention (dt_cp_attention_window_fwd, dt_cp_ulysses_window_fwd). */
 DT_API dt_tensor *dt_cp_attention_window(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head,
                                          int64_t window, float softcap);
+/* The attention dt_attention_ex computes (autograd.h: heads of a layer,
+ * the causal mask, a sliding window, a soft cap, dropout), over the group:
+ * the rank's rows qkv [B, T/cp, 3 n_head hd], as dt_cp_attention takes
+ * them, under either attention (dt_cp_attention_ex_fwd,
+ * dt_cp_ulysses_ex_fwd); the group draws the one-process dropout mask. The
+ * forms above are shorthands. A bad description: DT_ERR_INVALID_ARG before
+ * any exchange, in training or not. */
+DT_API dt_tensor *dt_cp_attention_ex(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, const dt_attention_spec *s);
 /* The whole sequence's mean loss from this rank's mean `loss` (a scalar f32)
  * over its `count` counted rows: sum_r loss_r count_r / sum_r count_r over
  * the group (0 when nothing counts), the same value on every rank. Its

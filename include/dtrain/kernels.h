@@ -706,6 +706,25 @@ DT_API dt_status dt_k_attention_window_fwd_lp(dt_dtype t, const void *qkv, int64
 DT_API dt_status dt_k_attention_window_bwd_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                               const float *dy, int64_t B, int64_t T, int64_t H, int64_t D,
                                               int64_t window, float cap, float *dqkv, void *dqkv_lp);
+/* Every argument of the forms above at once, the others' general form:
+ * qkv of dtype t (DT_F32, or DT_BF16/DT_F16 read as the _lp forms read it;
+ * ylp and dqkv_lp as theirs, NULL with f32), heads [h0, h0 + H) of a layer
+ * of Ht (the dropout mask's head index, as dt_k_attention_fwd_heads), the
+ * causal mask or none, a sliding window and a soft cap (> 0 only with the
+ * causal mask, else DT_ERR_INVALID_ARG), and dropout p on the
+ * probabilities of the capped scores (the mask of dt_k_attention_fwd_heads,
+ * applied after the row's sum: lse stays undropped; the backward's dS =
+ * P (d dP - Di) (1 - tanh^2) with d the kept scale or 0). A window and a
+ * cap of 0 give dt_k_attention_fwd_heads' (_lp's) bits, p = 0 the window
+ * forms'. Mistral's, Qwen2's and Gemma 2's attention with transformers'
+ * attention_dropout. */
+DT_API dt_status dt_k_attention_ex_fwd(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                       int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p,
+                                       dt_rng_key key, float *y, void *ylp, float *lse);
+DT_API dt_status dt_k_attention_ex_bwd(dt_dtype t, const void *qkv, const float *y, const float *lse, const float *dy,
+                                       int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                                       int64_t window, float cap, float p, dt_rng_key key, float *dqkv,
+                                       void *dqkv_lp);
 /* The same for heads [h0, h0 + H) of a layer of Ht heads (tensor
  * parallelism: the rank's heads; tp.h): qkv, y, lse hold the H local heads
  * as above, and the dropout mask is the full layer's (element (b, h0 + h,
@@ -802,7 +821,7 @@ DT_API const char *dt_k_attention_lp_tiles(int64_t *min_t);
  * dt_k_attention_fwd's. drop (NULL: none) puts dropout on the block's
  * probabilities, the whole sequence's mask (dt_k_att_drop). */
 typedef struct dt_k_att_drop {
-    float p;        /* in [0, 1); > 0 only without a window and a cap */
+    float p;        /* in [0, 1) */
     dt_rng_key key;
     int64_t bh0;    /* the mask's head index of the block's batch 0, head 0: b0 Ht + h0 */
     int64_t Ht;     /* heads of a batch in the mask (>= H): head h of batch b is bh0 + b Ht + h */
@@ -813,8 +832,9 @@ typedef struct dt_k_att_drop {
  * the mask dt_k_attention_fwd_heads draws over the whole sequence (heads h0
  * ... of a layer of Ht), so the blocks of a ring together draw one process's.
  * lse stays that of the undropped scores. p outside [0, 1), or a mask whose
- * heads or length do not hold the block: DT_ERR_INVALID_ARG; p > 0 with a
- * window or a cap: DT_ERR_UNSUPPORTED. */
+ * heads or length do not hold the block: DT_ERR_INVALID_ARG. With a
+ * window or a cap the mask applies to the probabilities of the capped
+ * scores within the window, as dt_k_attention_ex_fwd's. */
 DT_API dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                          int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
                                          int64_t qpos0, int64_t kpos0, bool causal, int64_t window, float cap,

@@ -17,18 +17,14 @@ typedef struct {
     const void *qkv; /* f32, or bf16/f16 (i[6]) read as it is */
     const float *y;  /* the f32 output (a bf16/f16 qkv: before its rounding) */
     float *lse;
-    dt_rng_key key;
-    float p;
-    int64_t window; /* dt_attention_window's: > 0 a sliding window, */
-    float softcap;  /* > 0 a soft cap */
-    bool windowed;  /* dt_attention_window (kernels.h's dt_k_attention_window_*) */
-    bool causal;
+    dt_attention_spec s; /* heads_total set; dropout_p 0 when not training */
 } attn_saved;
 
-/* i[0..5] = B, T, H, D, h0, Ht, i[6] = qkv's dtype */
+/* i[0..3] = B, T, H, D, i[6] = qkv's dtype */
 dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
 {
-    const attn_saved *s = n->saved[0];
+    const attn_saved *a = n->saved[0];
+    const dt_attention_spec *s = &a->s;
     const dt_dtype t = (dt_dtype)n->i[6];
     bool err = false; /* the shadow before grad_begin gives qkv its gradient */
     void *gs = dt__grad_shadow_maybe(ctx, n->in[0], t, &err);
@@ -36,16 +32,8 @@ dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
     if (!g)
         return dt_last_status();
     const int64_t B = n->i[0], T = n->i[1], H = n->i[2], D = n->i[3];
-    dt_status st;
-    if (s->windowed)
-        st = t == DT_F32 ? dt_k_attention_window_bwd(s->qkv, s->y, s->lse, gout, B, T, H, D, s->window, s->softcap, g)
-                         : dt_k_attention_window_bwd_lp(t, s->qkv, s->y, s->lse, gout, B, T, H, D, s->window,
-                                                        s->softcap, g, gs);
-    else
-        st = t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, B, T, H, D, n->i[4], n->i[5],
-                                                    s->causal, s->p, s->key, g)
-                         : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, B, T, H, D, n->i[4], n->i[5],
-                                                       s->causal, s->p, s->key, g, gs);
+    dt_status st = dt_k_attention_ex_bwd(t, a->qkv, a->y, a->lse, gout, B, T, H, D, s->head0, s->heads_total,
+                                         s->causal, s->window, s->softcap, s->dropout_p, s->key, g, gs);
     if (st < 0 || (st = dt__grad_commit(ctx, n->in[0], g)) < 0)
         return st;
     if (gs)
@@ -53,48 +41,48 @@ dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
     return DT_OK;
 }
 
-dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float dropout_p, bool training,
-                        dt_rng_key key)
-{
-    return dt_attention_heads(ctx, qkv, n_head, 0, n_head, causal, dropout_p, training, key);
-}
-
 /* A bf16/f16 qkv (autocast's "lower": GPT-2's c_attn output, Llama's
  * dt_gqa_pack) is read as it is: the kernel widens its tiles, keeps the f32
  * output for the backward and writes the result rounded to qkv's dtype, and
  * the backward rounds dy and the qkv gradient as the casts' backward do.
  * The same bits as dt_cast to f32, the f32 op and dt_cast back, without the
- * two cast nodes and their passes over qkv and y. windowed:
- * dt_attention_window's kernels (kernels.h, dt_k_attention_window_fwd and
- * _lp: the blocked kernel) with its window and soft cap, a bf16/f16 qkv
- * read as it is there too. */
-static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_head, int head0, int heads_total,
-                            bool causal, float dropout_p, bool training, dt_rng_key key, bool windowed,
-                            int64_t window, float softcap)
+ * two cast nodes and their passes over qkv and y. */
+static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, const dt_attention_spec *spec)
 {
     DT__NEED(ctx, op, qkv);
+    if (!spec) {
+        dt_error(DT_ERR_NULL, "%s: the attention's description is NULL", op);
+        return NULL;
+    }
     dt_tensor *lp[1] = {qkv}; /* autocast "lower" (PyTorch's sdpa) */
     if (!dt__autocast(ctx, DT_OP_ATTENTION, 1, lp))
         return NULL;
     qkv = lp[0];
     const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) ? qkv->dtype : DT_F32;
     if (t == DT_F32) {
-        DT__LP_RUN(ctx, 1, lp, qkv->dtype,
-                   attention(ctx, op, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key, windowed,
-                             window, softcap));
+        DT__LP_RUN(ctx, 1, lp, qkv->dtype, attention(ctx, op, lp[0], spec));
         DT__NEED_F32(ctx, op, qkv);
     }
+    dt_attention_spec s = *spec;
+    const int n_head = s.n_head;
     if (qkv->ndim != 3 || n_head <= 0 || qkv->shape[2] % (3 * (int64_t)n_head) != 0) {
-        char s[64];
+        char b[64];
         dt_error(DT_ERR_SHAPE, "%s: qkv %s must be [B, T, 3C] with C a multiple of %d heads", op,
-                 dt_tensor_shape_str(qkv, s, sizeof s), n_head);
+                 dt_tensor_shape_str(qkv, b, sizeof b), n_head);
         return NULL;
     }
-    if (!(dropout_p >= 0.0f && dropout_p < 1.0f)) {
-        dt_error(DT_ERR_INVALID_ARG, "%s: dropout probability %g is outside [0, 1)", op, (double)dropout_p);
+    if (!s.heads_total)
+        s.heads_total = n_head;
+    if (!(s.dropout_p >= 0.0f && s.dropout_p < 1.0f) || s.window < 0 || !(s.softcap >= 0.0f) ||
+        !isfinite(s.softcap) || (!s.causal && (s.window > 0 || s.softcap > 0.0f)) || s.head0 < 0 ||
+        s.heads_total - n_head < s.head0) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: dropout %g (want [0, 1)), window %lld and soft cap %g (>= 0, with the "
+                 "causal mask only), heads [%d, %d) of %d: not an attention", op, (double)s.dropout_p,
+                 (long long)s.window, (double)s.softcap, s.head0, s.head0 + n_head, s.heads_total);
         return NULL;
     }
-    float p = training ? dropout_p : 0.0f;
+    if (!s.training)
+        s.dropout_p = 0.0f;
     int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3, H = n_head, D = C / H;
     const void *x = dt__cdata(ctx, qkv);
     dt_tensor *out = t == DT_F32 ? dt__out(ctx, 3, (int64_t[]){B, T, C}) : dt_tensor_empty(ctx, t, 3, (int64_t[]){B, T, C});
@@ -102,49 +90,51 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_h
     float *lse = dt_arena_alloc(ctx->arena, (size_t)(B * H * T > 0 ? B * H * T : 1) * sizeof(float));
     if (!x || !out || !y || !lse)
         return NULL;
-    dt_status st;
-    if (windowed)
-        st = t == DT_F32 ? dt_k_attention_window_fwd(x, B, T, H, D, window, softcap, y, lse)
-                         : dt_k_attention_window_fwd_lp(t, x, B, T, H, D, window, softcap, y, out->data, lse);
-    else
-        st = t == DT_F32 ? dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, y, lse)
-                         : dt_k_attention_fwd_heads_lp(t, x, B, T, H, D, head0, heads_total, causal, p, key, y,
-                                                       out->data, lse);
+    dt_status st = dt_k_attention_ex_fwd(t, x, B, T, H, D, s.head0, s.heads_total, s.causal, s.window, s.softcap,
+                                         s.dropout_p, s.key, y, t == DT_F32 ? NULL : out->data, lse);
     if (st < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
     if (dt__ag_wants(ctx, 1, &qkv)) {
-        attn_saved *s = dt_arena_alloc(ctx->arena, sizeof *s);
-        dt__node *n = s ? dt__ag_record(ctx, DT_OP_ATTENTION, out, 1, &qkv) : NULL;
+        attn_saved *a = dt_arena_alloc(ctx->arena, sizeof *a);
+        dt__node *n = a ? dt__ag_record(ctx, DT_OP_ATTENTION, out, 1, &qkv) : NULL;
         if (!n)
             return NULL;
-        *s = (attn_saved){.qkv = x, .y = y, .lse = lse, .key = key, .p = p, .window = window, .softcap = softcap,
-                          .windowed = windowed, .causal = causal};
-        n->saved[0] = s;
-        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = head0, n->i[5] = heads_total, n->i[6] = t;
+        *a = (attn_saved){.qkv = x, .y = y, .lse = lse, .s = s};
+        n->saved[0] = a;
+        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = s.head0, n->i[5] = s.heads_total, n->i[6] = t;
     }
     return out;
+}
+
+dt_tensor *dt_attention_ex(dt_ctx *ctx, dt_tensor *qkv, const dt_attention_spec *s)
+{
+    return attention(ctx, "dt_attention_ex", qkv, s);
+}
+
+dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float dropout_p, bool training,
+                        dt_rng_key key)
+{
+    const dt_attention_spec s = {.n_head = n_head, .causal = causal, .dropout_p = dropout_p, .training = training,
+                                 .key = key};
+    return attention(ctx, "dt_attention", qkv, &s);
 }
 
 dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
                               float dropout_p, bool training, dt_rng_key key)
 {
-    return attention(ctx, "dt_attention", qkv, n_head, head0, heads_total, causal, dropout_p, training, key, false, 0,
-                     0.0f);
+    /* heads_total 0 is the spec's "all": here a layer of no heads, refused */
+    const dt_attention_spec s = {.n_head = n_head, .head0 = head0, .heads_total = heads_total ? heads_total : -1,
+                                 .causal = causal, .dropout_p = dropout_p, .training = training, .key = key};
+    return attention(ctx, "dt_attention", qkv, &s);
 }
 
+/* a window of T or more, or 0, without a cap gives dt_attention's bits (kernels.h) */
 dt_tensor *dt_attention_window(dt_ctx *ctx, dt_tensor *qkv, int n_head, int64_t window, float softcap)
 {
-    const char *op = "dt_attention_window";
-    if (window < 0 || !(softcap >= 0.0f) || !isfinite(softcap)) {
-        dt_error(DT_ERR_INVALID_ARG, "%s: the window %lld must be >= 0 and the soft cap %g finite and >= 0 (0: "
-                 "none)", op, (long long)window, (double)softcap);
-        return NULL;
-    }
-    /* the blocked kernel with the window and the cap (kernels.h; a window of T or more, or 0, without a cap
-       gives dt_attention's bits) */
-    return attention(ctx, op, qkv, n_head, 0, n_head, true, 0.0f, false, (dt_rng_key){0}, true, window, softcap);
+    const dt_attention_spec s = {.n_head = n_head, .causal = true, .window = window, .softcap = softcap};
+    return attention(ctx, "dt_attention_window", qkv, &s);
 }
 
 /* ---- bias + GELU (tanh) ---------------------------------------------------------- */

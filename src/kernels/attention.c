@@ -1214,7 +1214,8 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
                 bool kp1 = dt__att_keep(key, p, gbh, T, i, j0 + o + jj);
                 float P = pd[o + jj];
                 pd[o + jj] = kp1 ? P * pscale : 0.0f;
-                ds[o + jj] = P * ((kp1 ? dp[jj] * pscale : 0.0f) - Di) * scale;
+                ds[o + jj] = P * ((kp1 ? dp[jj] * pscale : 0.0f) - Di) * scale *
+                             (cap > 0.0f ? 1.0f - th[jj] * th[jj] : 1.0f); /* a cap: tanh' */
             }
             for (int64_t jj = 0; jj < o; jj++) /* keys before the row's window: 0 in the pairs below */
                 pd[jj] = ds[jj] = 0.0f;
@@ -1334,14 +1335,22 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
                     bool kp = dt__att_keep(key, p, gbh, T, i, j0 + o + jj);
                     float P = pd[jj];
                     pd[jj] = kp ? P * pscale : 0.0f;
-                    ds[jj] = P * ((kp ? dpr[jj] * pscale : 0.0f) - Di) * scale;
+                    ds[jj] = P * ((kp ? dpr[jj] * pscale : 0.0f) - Di) * scale *
+                             (cap > 0.0f ? 1.0f - th[jj] * th[jj] : 1.0f); /* a cap: tanh' */
                 }
             } else
 #endif
             if (cap > 0.0f) { /* P from the capped scores (times 1: the same bits), dS through tanh' = 1 - tanh^2 */
                 att_probs(vec, scr, ne, 1.0f, L, pd);
-                for (int64_t jj = 0; jj < ne; jj++)
-                    ds[jj] = pd[jj] * (dpr[jj] - Di) * (1.0f - th[jj] * th[jj]) * scale;
+                for (int64_t jj = 0; jj < ne; jj++) {
+                    float P = pd[jj], dP = dpr[jj];
+                    if (p > 0.0f) { /* dropout on P: dS through the kept ones' dP */
+                        bool kp = dt__att_keep(key, p, gbh, T, i, j0 + o + jj);
+                        pd[jj] = kp ? P * pscale : 0.0f;
+                        dP = kp ? dP * pscale : 0.0f;
+                    }
+                    ds[jj] = P * (dP - Di) * (1.0f - th[jj] * th[jj]) * scale;
+                }
             } else {
                 att_probs(vec, scr, ne, scale, L, pd);
                 for (int64_t jj = 0; jj < ne; jj++) {
@@ -1536,7 +1545,8 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                     const bool kp = dt__att_keep(key, p, gbh, T, i0 + c, j);
                     const float P = prw[c];
                     prw[c] = kp ? P * pscale : 0.0f;
-                    dr[c] = P * ((kp ? dp[r * AB + c] * pscale : 0.0f) - Dip[i0 + c]) * scale;
+                    dr[c] = P * ((kp ? dp[r * AB + c] * pscale : 0.0f) - Dip[i0 + c]) * scale *
+                            (cap > 0.0f ? 1.0f - th[c] * th[c] : 1.0f);
                 }
                 amx_round32(vec, prw, pa + r * Tp + i0);
                 amx_round32(vec, dr, sa + r * Tp + i0);
@@ -1634,17 +1644,19 @@ dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *
     return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, 0, 0.0f, p, key, dqkv, dqkv_lp);
 }
 
-/* ---- the sliding window's entry points (attention_window.c) ---------------------------- */
+/* ---- the general entry points (attention_window.c) ------------------------------------------ */
 
-dt_status dt__attention_window_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H,
-                                   int64_t D, int64_t window, float cap, float *y, void *ylp, float *lse)
+dt_status dt__attention_ex_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                               int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p, dt_rng_key key,
+                               float *y, void *ylp, float *lse)
 {
-    return fwd_run(fn, t, qkv, B, T, H, D, 0, H, true, window, cap, 0.0f, (dt_rng_key){0}, y, ylp, lse);
+    return fwd_run(fn, t, qkv, B, T, H, D, h0, Ht, causal, window, cap, p, key, y, ylp, lse);
 }
 
-dt_status dt__attention_window_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
-                                   const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                   float cap, float *dqkv, void *dqkv_lp)
+dt_status dt__attention_ex_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
+                               const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
+                               bool causal, int64_t window, float cap, float p, dt_rng_key key, float *dqkv,
+                               void *dqkv_lp)
 {
-    return bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, 0, H, true, window, cap, 0.0f, (dt_rng_key){0}, dqkv, dqkv_lp);
+    return bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, window, cap, p, key, dqkv, dqkv_lp);
 }

@@ -52,7 +52,7 @@
  *
  * Rows are of H heads side by side (head h at columns [h D, (h+1) D)), with
  * a row stride per operand, so q, k and v can be views into a packed
- * (T, 3C) qkv. Dropout (dt_k_att_drop; no window, no cap) keeps element
+ * (T, 3C) qkv. Dropout (dt_k_att_drop; with a window and a cap too) keeps element
  * (b, h, i, j) as the whole-sequence kernel does at the global head bh0 + b
  * Ht + h and positions qpos0 + i, kpos0 + j of a T x T mask
  * (dt__att_keep): the forward scales a block's exponentials after their sum
@@ -79,8 +79,6 @@ static dt_status part_args(const char *fn, int64_t B, int64_t Tq, int64_t Tk, in
 {
     if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
         return dt_error(DT_ERR_INVALID_ARG, "%s: dropout probability %g is outside [0, 1)", fn, (double)drop->p);
-    if (drop && drop->p > 0.0f && (window > 0 || cap > 0.0f))
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: dropout with a sliding window or a soft cap is not supported", fn);
     if (drop && drop->p > 0.0f &&
         (drop->Ht < H || drop->bh0 < 0 || qpos0 < 0 || kpos0 < 0 || qpos0 + Tq > drop->T || kpos0 + Tk > drop->T))
         return dt_error(DT_ERR_INVALID_ARG, "%s: the dropout mask's heads (%lld a batch from %lld, H %lld) or "
@@ -350,19 +348,21 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
             float L = lse[i], Di = dim[i];
             row_dots(vec, qw + i * D, kt + (ja - j0), BK, D, je - ja, sc);
             row_dots(vec, gw + i * D, vt + (ja - j0), BK, D, je - ja, dp);
-            if (cap > 0.0f) { /* P from the capped scores c (times 1: the same bits), dS through tanh' = 1 - tanh^2 */
+            if (cap > 0.0f) /* P from the capped scores c (times 1: the same bits), dS through tanh' = 1 - tanh^2 */
                 dt__att_cap_row(vec, sc + (js - ja), th, ne, scale, cap);
-                att_probs(vec, sc + (js - ja), ne, 1.0f, L, pd);
-                for (int64_t jj = 0; jj < ne; jj++)
-                    ds[jj] = pd[jj] * (dp[js - ja + jj] - Di) * (1.0f - th[jj] * th[jj]) * scale;
-            } else if (dr) { /* dS = P (d dP - Di), dv's weights d P: d the kept scale or 0 */
-                att_probs(vec, sc + (js - ja), ne, scale, L, pd);
+            if (dr) { /* dS = P (d dP - Di) (times tanh' with a cap), dv's weights d P: d the kept scale or 0 */
+                att_probs(vec, sc + (js - ja), ne, cap > 0.0f ? 1.0f : scale, L, pd);
                 for (int64_t jj = 0; jj < ne; jj++) {
                     const bool kp = dt__att_keep(dr->key, dr->p, dr->gbh, dr->T, qpos0 + i, kpos0 + js + jj);
                     const float P = pd[jj];
                     pd[jj] = kp ? P * dr->pscale : 0.0f;
-                    ds[jj] = P * ((kp ? dp[js - ja + jj] * dr->pscale : 0.0f) - Di) * scale;
+                    ds[jj] = P * ((kp ? dp[js - ja + jj] * dr->pscale : 0.0f) - Di) * scale *
+                             (cap > 0.0f ? 1.0f - th[jj] * th[jj] : 1.0f);
                 }
+            } else if (cap > 0.0f) {
+                att_probs(vec, sc + (js - ja), ne, 1.0f, L, pd);
+                for (int64_t jj = 0; jj < ne; jj++)
+                    ds[jj] = pd[jj] * (dp[js - ja + jj] - Di) * (1.0f - th[jj] * th[jj]) * scale;
             } else {
                 att_probs(vec, sc + (js - ja), ne, scale, L, pd);
                 for (int64_t jj = 0; jj < ne; jj++)

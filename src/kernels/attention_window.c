@@ -11,7 +11,10 @@
  * inside a block as the causal diagonal is, and a block's scores capped
  * where they are computed, before the softmax's running max (forward) and
  * before P (backward, which takes tanh's derivative 1 - tanh^2 into dS).
- * No dropout.
+ * dt_k_attention_ex_fwd/_bwd are the general form over the same kernel: a
+ * layer's heads (h0, Ht), the causal mask or none, and dropout on the
+ * probabilities beside the window and the cap (the mask applied after the
+ * capped exponentials' sum; the backward's dS = P (d dP - Di) (1 - t^2)).
  *
  * The cap's tanh (dt__att_cap_row, below) is shared with the context
  * parallel kernel (attention_part.c): tanh_f within 1.5 ulp, branch-free
@@ -107,12 +110,16 @@ void dt__att_cap_row(int vec, float *r, float *t, int64_t n, float scale, float 
     }
 }
 
+static const dt_rng_key no_key;
+
 dt_status dt_k_attention_window_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
                                     float cap, float *y, float *lse)
 {
     const char *fn = "dt_k_attention_window_fwd";
     dt_status st = window_args(fn, B, T, H, D, window, cap);
-    return st < 0 ? st : dt__attention_window_fwd(fn, DT_F32, qkv, B, T, H, D, window, cap, y, NULL, lse);
+    return st < 0 ? st
+                  : dt__attention_ex_fwd(fn, DT_F32, qkv, B, T, H, D, 0, H, true, window, cap, 0.0f, no_key, y, NULL,
+                                         lse);
 }
 
 dt_status dt_k_attention_window_bwd(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
@@ -120,7 +127,9 @@ dt_status dt_k_attention_window_bwd(const float *qkv, const float *y, const floa
 {
     const char *fn = "dt_k_attention_window_bwd";
     dt_status st = window_args(fn, B, T, H, D, window, cap);
-    return st < 0 ? st : dt__attention_window_bwd(fn, DT_F32, qkv, y, lse, dy, B, T, H, D, window, cap, dqkv, NULL);
+    return st < 0 ? st
+                  : dt__attention_ex_bwd(fn, DT_F32, qkv, y, lse, dy, B, T, H, D, 0, H, true, window, cap, 0.0f,
+                                         no_key, dqkv, NULL);
 }
 
 /* A bf16/f16 qkv */
@@ -138,7 +147,8 @@ dt_status dt_k_attention_window_fwd_lp(dt_dtype t, const void *qkv, int64_t B, i
 {
     const char *fn = "dt_k_attention_window_fwd_lp";
     dt_status st = lp_args(fn, t, B, T, H, D, window, cap);
-    return st < 0 ? st : dt__attention_window_fwd(fn, t, qkv, B, T, H, D, window, cap, y, ylp, lse);
+    return st < 0 ? st
+                  : dt__attention_ex_fwd(fn, t, qkv, B, T, H, D, 0, H, true, window, cap, 0.0f, no_key, y, ylp, lse);
 }
 
 dt_status dt_k_attention_window_bwd_lp(dt_dtype t, const void *qkv, const float *y, const float *lse, const float *dy,
@@ -147,5 +157,46 @@ dt_status dt_k_attention_window_bwd_lp(dt_dtype t, const void *qkv, const float 
 {
     const char *fn = "dt_k_attention_window_bwd_lp";
     dt_status st = lp_args(fn, t, B, T, H, D, window, cap);
-    return st < 0 ? st : dt__attention_window_bwd(fn, t, qkv, y, lse, dy, B, T, H, D, window, cap, dqkv, dqkv_lp);
+    return st < 0 ? st
+                  : dt__attention_ex_bwd(fn, t, qkv, y, lse, dy, B, T, H, D, 0, H, true, window, cap, 0.0f, no_key,
+                                         dqkv, dqkv_lp);
+}
+
+/* The general form: f32 or bf16/f16, a window and a cap with the causal mask only */
+static dt_status ex_args(const char *fn, dt_dtype t, bool causal, int64_t window, float cap, const void *ylp)
+{
+    /* the shapes, heads and p: the kernel's checks (a head size over its limit: DT_ERR_UNSUPPORTED) */
+    if (window < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the window %lld must be >= 0 (0: none)", fn, (long long)window);
+    if (!(cap >= 0.0f) || !isfinite(cap))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the soft cap %g must be finite and >= 0 (0: none)", fn,
+                        (double)cap);
+    if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_DTYPE, "%s: qkv dtype %s; want f32, bf16 or f16", fn, dt_dtype_name(t));
+    if (t == DT_F32 && ylp)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: an f32 qkv has no rounded copy of its result (pass NULL)", fn);
+    if (!causal && (window > 0 || cap > 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: a sliding window (%lld) or a soft cap (%g) needs the causal mask", fn,
+                        (long long)window, (double)cap);
+    return DT_OK;
+}
+
+dt_status dt_k_attention_ex_fwd(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                int64_t Ht, bool causal, int64_t window, float cap, float p, dt_rng_key key, float *y,
+                                void *ylp, float *lse)
+{
+    const char *fn = "dt_k_attention_ex_fwd";
+    dt_status st = ex_args(fn, t, causal, window, cap, ylp);
+    return st < 0 ? st : dt__attention_ex_fwd(fn, t, qkv, B, T, H, D, h0, Ht, causal, window, cap, p, key, y, ylp, lse);
+}
+
+dt_status dt_k_attention_ex_bwd(dt_dtype t, const void *qkv, const float *y, const float *lse, const float *dy,
+                                int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                                int64_t window, float cap, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
+{
+    const char *fn = "dt_k_attention_ex_bwd";
+    dt_status st = ex_args(fn, t, causal, window, cap, dqkv_lp);
+    return st < 0 ? st
+                  : dt__attention_ex_bwd(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, window, cap, p, key,
+                                         dqkv, dqkv_lp);
 }

@@ -264,19 +264,20 @@ static inline void dt__pool_window(int64_t i, int64_t stride, int64_t pad, int64
     *hi = b > n ? n : b;
 }
 
-/* The blocked attention kernel (attention.c) with a sliding window and a
- * soft cap, causal, no dropout (its loops with dropout do not take the
- * cap's derivative), heads [0, H) of H: the entry points of
- * attention_window.c. qkv of dtype t (f32, or bf16/f16 as
- * dt_k_attention_fwd_heads_lp reads it: ylp, dqkv_lp as there); window 0
- * or >= T: none, cap 0: none (both: dt_k_attention_fwd's bits, causal).
- * fn names the caller in errors; the caller checks the window and the
- * cap. */
-dt_status dt__attention_window_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H,
-                                   int64_t D, int64_t window, float cap, float *y, void *ylp, float *lse);
-dt_status dt__attention_window_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
-                                   const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                   float cap, float *dqkv, void *dqkv_lp);
+/* The blocked attention kernel (attention.c) with every argument: heads
+ * [h0, h0 + H) of Ht, causal or not, a sliding window and a soft cap
+ * (causal), dropout p with its key: the entry points of attention_window.c.
+ * qkv of dtype t (f32, or bf16/f16 as dt_k_attention_fwd_heads_lp reads
+ * it: ylp, dqkv_lp as there); window 0 or >= T: none, cap 0: none (both:
+ * dt_k_attention_fwd_heads' bits). fn names the caller in errors; the
+ * caller checks the window and the cap. */
+dt_status dt__attention_ex_fwd(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                               int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p, dt_rng_key key,
+                               float *y, void *ylp, float *lse);
+dt_status dt__attention_ex_bwd(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
+                               const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
+                               bool causal, int64_t window, float cap, float p, dt_rng_key key, float *dqkv,
+                               void *dqkv_lp);
 
 /* Batch norm, shared by the plain (norm.c) and nChw8c (blocked.c) kernels. */
 /* Training needs more than one value per channel and eps > 0. */

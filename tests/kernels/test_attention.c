@@ -22,22 +22,39 @@ typedef struct {
     float p;
 } cfg;
 
+/* What only the general entry point (dt_k_attention_ex_fwd) takes */
+typedef struct {
+    float cap;      /* > 0: the scores soft-capped (causal) */
+    int64_t h0, Ht; /* the dropout mask's heads [h0, h0 + H) of Ht (Ht 0: H) */
+} ext;
+
+/* score (i, j) of head h after the cap; *th its tanh (0 without a cap) */
+static double naive_score(const float *qkv, cfg c, ext e, int64_t b, int64_t h, int64_t i, int64_t j, double *th)
+{
+    const int64_t C = c.H * c.D, C3 = 3 * C, T = c.T, D = c.D;
+    double v = 0;
+    for (int64_t d = 0; d < D; d++)
+        v += (double)qkv[(b * T + i) * C3 + h * D + d] * qkv[(b * T + j) * C3 + C + h * D + d];
+    v /= sqrt((double)D);
+    *th = e.cap > 0 ? tanh(v / e.cap) : 0.0;
+    return e.cap > 0 ? e.cap * *th : v;
+}
+
 /* Pu: softmax probabilities (B, H, T, T); M: dropout factor (0 or 1/(1-p), 1 without). window > 0: query i
    sees the keys (i - window, i] (with c.causal). */
-static void naive_fwd(const float *qkv, cfg c, int64_t window, dt_rng_key key, double *y, double *Pu, double *M)
+static void naive_fwd(const float *qkv, cfg c, ext e, int64_t window, dt_rng_key key, double *y, double *Pu,
+                      double *M)
 {
     int64_t C = c.H * c.D, C3 = 3 * C, T = c.T, D = c.D;
-    double scale = 1.0 / sqrt((double)D);
     for (int64_t b = 0; b < c.B; b++)
         for (int64_t h = 0; h < c.H; h++)
             for (int64_t i = 0; i < T; i++) {
                 int64_t row = ((b * c.H + h) * T + i) * T;
-                double *pr = Pu + row, *mr = M + row, m = -INFINITY, s = 0;
+                const int64_t mrow = ((b * (e.Ht ? e.Ht : c.H) + e.h0 + h) * T + i) * T; /* the mask's */
+                double *pr = Pu + row, *mr = M + row, m = -INFINITY, s = 0, th;
                 for (int64_t j = 0; j < T; j++) {
-                    double v = 0;
-                    for (int64_t d = 0; d < D; d++)
-                        v += (double)qkv[(b * T + i) * C3 + h * D + d] * qkv[(b * T + j) * C3 + C + h * D + d];
-                    pr[j] = (c.causal && j > i) || (window > 0 && j + window <= i) ? -INFINITY : v * scale;
+                    pr[j] = (c.causal && j > i) || (window > 0 && j + window <= i) ? -INFINITY
+                                                                                   : naive_score(qkv, c, e, b, h, i, j, &th);
                     m = pr[j] > m ? pr[j] : m;
                 }
                 for (int64_t j = 0; j < T; j++)
@@ -45,7 +62,7 @@ static void naive_fwd(const float *qkv, cfg c, int64_t window, dt_rng_key key, d
                 for (int64_t j = 0; j < T; j++) {
                     pr[j] /= s;
                     mr[j] = c.p == 0 ? 1.0
-                            : dt_rng_uniform(key, (uint64_t)(row + j)) >= c.p ? 1.0 / (1.0 - c.p) : 0.0;
+                            : dt_rng_uniform(key, (uint64_t)(mrow + j)) >= c.p ? 1.0 / (1.0 - c.p) : 0.0;
                 }
                 for (int64_t d = 0; d < D; d++) {
                     double a = 0;
@@ -56,7 +73,8 @@ static void naive_fwd(const float *qkv, cfg c, int64_t window, dt_rng_key key, d
             }
 }
 
-static void naive_bwd(const float *qkv, const double *Pu, const double *M, const float *dy, cfg c, double *dqkv)
+static void naive_bwd(const float *qkv, const double *Pu, const double *M, const float *dy, cfg c, ext e,
+                      double *dqkv)
 {
     int64_t C = c.H * c.D, C3 = 3 * C, T = c.T, D = c.D;
     double scale = 1.0 / sqrt((double)D);
@@ -78,7 +96,10 @@ static void naive_bwd(const float *qkv, const double *Pu, const double *M, const
                     sum += Pu[row + j] * dPu[j];
                 }
                 for (int64_t j = 0; j < T; j++) {
-                    double dS = Pu[row + j] * (dPu[j] - sum) * scale;
+                    double th = 0;
+                    if (e.cap > 0 && Pu[row + j] != 0)
+                        naive_score(qkv, c, e, b, h, i, j, &th);
+                    double dS = Pu[row + j] * (dPu[j] - sum) * (1.0 - th * th) * scale;
                     for (int64_t d = 0; d < D; d++) {
                         dqkv[(b * T + i) * C3 + h * D + d] += dS * qkv[(b * T + j) * C3 + C + h * D + d];
                         dqkv[(b * T + j) * C3 + C + h * D + d] += dS * qkv[(b * T + i) * C3 + h * D + d];
@@ -103,9 +124,11 @@ static double max_rel(const float *a, const double *ref, int64_t n)
     return emax / (amax > 0 ? amax : 1);
 }
 
-/* window > 0: the sliding window's entry points (c causal, no dropout) */
-static int check_case(cfg c, int64_t window)
+/* window > 0: the sliding window's entry points (c causal, no dropout); the general one (dt_k_attention_ex_fwd)
+ * with a cap, heads of a layer, or a window with dropout */
+static int check_ex(cfg c, int64_t window, ext e)
 {
+    const bool ex = e.cap > 0 || e.Ht || (window > 0 && c.p > 0);
     int64_t C = c.H * c.D, nq = c.B * c.T * 3 * C, ny = c.B * c.T * C, np = c.B * c.H * c.T * c.T;
     float *qkv = malloc((size_t)nq * 4), *y = malloc((size_t)ny * 4), *lse = malloc((size_t)(c.B * c.H * c.T) * 4);
     float *dy = malloc((size_t)ny * 4), *dq = malloc((size_t)nq * 4);
@@ -115,29 +138,36 @@ static int check_case(cfg c, int64_t window)
     fill(qkv, nq, (uint64_t)(c.T * 7 + c.causal), 1.5f);
     fill(dy, ny, 5, 1.0f);
     int bad = 0;
-    dt_status st = window > 0 ? dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, window, 0.0f, y, lse)
-                              : dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, c.causal, c.p, key, y, lse);
+    const int64_t Ht = e.Ht ? e.Ht : c.H;
+    dt_status st = ex ? dt_k_attention_ex_fwd(DT_F32, qkv, c.B, c.T, c.H, c.D, e.h0, Ht, c.causal, window, e.cap, c.p,
+                                              key, y, NULL, lse)
+                   : window > 0 ? dt_k_attention_window_fwd(qkv, c.B, c.T, c.H, c.D, window, 0.0f, y, lse)
+                                : dt_k_attention_fwd(qkv, c.B, c.T, c.H, c.D, c.causal, c.p, key, y, lse);
     if (st >= 0)
-        st = window > 0 ? dt_k_attention_window_bwd(qkv, y, lse, dy, c.B, c.T, c.H, c.D, window, 0.0f, dq)
-                        : dt_k_attention_bwd(qkv, y, lse, dy, c.B, c.T, c.H, c.D, c.causal, c.p, key, dq);
+        st = ex ? dt_k_attention_ex_bwd(DT_F32, qkv, y, lse, dy, c.B, c.T, c.H, c.D, e.h0, Ht, c.causal, window, e.cap,
+                                        c.p, key, dq, NULL)
+             : window > 0 ? dt_k_attention_window_bwd(qkv, y, lse, dy, c.B, c.T, c.H, c.D, window, 0.0f, dq)
+                          : dt_k_attention_bwd(qkv, y, lse, dy, c.B, c.T, c.H, c.D, c.causal, c.p, key, dq);
     if (st < 0) {
         fprintf(stderr, "kernel failed: %s\n", dt_last_error());
         bad = 1;
     } else {
-        naive_fwd(qkv, c, window, key, ry, Pu, M);
-        naive_bwd(qkv, Pu, M, dy, c, rdq);
+        naive_fwd(qkv, c, e, window, key, ry, Pu, M);
+        naive_bwd(qkv, Pu, M, dy, c, e, rdq);
         double ef = max_rel(y, ry, ny), eb = max_rel(dq, rdq, nq);
         if (!(ef < 2e-6 && eb < 2e-5)) {
-            fprintf(stderr, "B%lld T%lld H%lld D%lld causal %d p %.2f window %lld: forward rel err %.3g, "
-                    "backward %.3g\n",
+            fprintf(stderr, "B%lld T%lld H%lld D%lld causal %d p %.2f window %lld cap %g heads %lld of %lld: forward "
+                    "rel err %.3g, backward %.3g\n",
                     (long long)c.B, (long long)c.T, (long long)c.H, (long long)c.D, c.causal, (double)c.p,
-                    (long long)window, ef, eb);
+                    (long long)window, (double)e.cap, (long long)e.h0, (long long)Ht, ef, eb);
             bad = 1;
         }
     }
     free(qkv), free(y), free(lse), free(dy), free(dq), free(ry), free(Pu), free(M), free(rdq);
     return bad;
 }
+
+static int check_case(cfg c, int64_t window) { return check_ex(c, window, (ext){0.0f, 0, 0}); }
 
 TEST(attention_vs_naive)
 {
@@ -165,6 +195,46 @@ TEST(attention_window_vs_naive)
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         ASSERT_EQ_INT(check_case(cases[k].c, cases[k].window), 0);
+}
+
+/* The general entry point against the double reference: a soft cap (0.3 bends these scores, up to ~4, far
+   into tanh's flat part), with dropout 0.3 (dS through tanh' for the kept ones only), with a window as well, a
+   window with dropout, heads [2, 5) of a layer of 7 (the mask's head index), and T past a key block; a wrong
+   derivative, mask or head misses by far more than the bound */
+TEST(attention_ex_vs_naive)
+{
+    const struct {
+        cfg c;
+        int64_t window;
+        ext e;
+    } cases[] = {
+        {{2, 37, 3, 8, true, 0.0f}, 0, {0.3f, 0, 0}},   {{2, 37, 3, 8, true, 0.3f}, 0, {0.3f, 0, 0}},
+        {{1, 131, 2, 16, true, 0.3f}, 37, {0.3f, 0, 0}}, {{2, 70, 2, 8, true, 0.3f}, 16, {0.0f, 0, 0}},
+        {{1, 77, 3, 24, true, 0.2f}, 20, {1.0f, 2, 7}},  {{2, 33, 3, 8, false, 0.3f}, 0, {0.0f, 2, 7}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        ASSERT_EQ_INT(check_ex(cases[k].c, cases[k].window, cases[k].e), 0);
+}
+
+/* The general entry point's arguments: a window or a cap without the causal mask, an f32 qkv with a rounded
+   copy, a dtype it does not take */
+TEST(attention_ex_bad_args)
+{
+    float x[24] = {0}, y[8], l[2];
+    const dt_rng_key k = dt_rng_key_make(0, DT_RNG_DROPOUT, 0, 0);
+    ASSERT_STATUS(dt_k_attention_ex_fwd(DT_F32, x, 1, 2, 1, 4, 0, 1, false, 2, 0.0f, 0.1f, k, y, NULL, l),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "causal");
+    ASSERT_STATUS(dt_k_attention_ex_bwd(DT_F32, x, y, l, y, 1, 2, 1, 4, 0, 1, false, 0, 0.5f, 0.0f, k, x, NULL),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_attention_ex_fwd(DT_F32, x, 1, 2, 1, 4, 0, 1, true, 0, 0.0f, 0.0f, k, y, x, l),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_attention_ex_fwd(DT_I32, x, 1, 2, 1, 4, 0, 1, true, 0, 0.0f, 0.0f, k, y, NULL, l),
+                  DT_ERR_DTYPE);
+    ASSERT_STATUS(dt_k_attention_ex_fwd(DT_F32, x, 1, 2, 1, 4, 1, 1, true, 0, 0.0f, 0.0f, k, y, NULL, l),
+                  DT_ERR_INVALID_ARG); /* heads [1, 2) of 1 */
+    ASSERT_STATUS(dt_k_attention_ex_fwd(DT_F32, x, 1, 2, 1, 300, 0, 1, true, 0, 0.0f, 0.0f, k, y, NULL, l),
+                  DT_ERR_UNSUPPORTED); /* the head size over the kernel's limit, as dt_k_attention_fwd's */
 }
 
 /* A window of 0 or T or more is none: the causal kernel's bits, forward and backward; a window of T - 1 is
@@ -353,6 +423,8 @@ int main(void)
 {
     RUN(attention_vs_naive);
     RUN(attention_window_vs_naive);
+    RUN(attention_ex_vs_naive);
+    RUN(attention_ex_bad_args);
     RUN(attention_window_none_same_bits);
     RUN(attention_threads_identical);
     RUN(attention_isa_paths_identical);

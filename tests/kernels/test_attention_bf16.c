@@ -152,7 +152,8 @@ static void worst(int k, double e, double bound)
 
 
 /* Check one case on the forced tiles against the double reference; returns the elements outside the bounds.
-   window > 0 or cap > 0: the sliding window's entry points (c causal, no dropout), query i seeing the keys (i -
+   window > 0 or cap > 0: the sliding window's entry points (c causal; with dropout the general one,
+   dt_k_attention_ex_fwd), query i seeing the keys (i -
    window, i], its scores s capped to cap tanh(s / cap) (dS times 1 - tanh^2; the bound's magnitudes of dS's inputs
    keep no such factor: they cover the f32 tanh's error in it too). */
 static int64_t amx_case(att_case c, int64_t window, float cap, float *yk, float *gk)
@@ -174,12 +175,16 @@ static int64_t amx_case(att_case c, int64_t window, float cap, float *yk, float 
         dt_k_convert(dy, DT_F32, dh, DT_BF16, B * T * C) < 0 || dt_k_convert(dh, DT_BF16, gw, DT_F32, B * T * C) < 0)
         return -1;
     dt__attention_amx_force(g_tiles);
-    if (window > 0 || cap > 0.0f
-            ? dt_k_attention_window_fwd_lp(DT_BF16, xh, B, T, H, D, window, cap, y, NULL, lse) < 0 ||
-                  dt_k_attention_window_bwd_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, window, cap, g, NULL) < 0
-                   : dt_k_attention_fwd_heads_lp(DT_BF16, xh, B, T, H, D, 0, H, c.causal, c.p, key, y, NULL, lse) < 0 ||
-                         dt_k_attention_bwd_heads_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, c.causal, c.p, key, g,
-                                                     NULL) < 0)
+    const bool ex = (window > 0 || cap > 0.0f) && c.p > 0.0f; /* the general entry point: dropout beside them */
+    if (ex ? dt_k_attention_ex_fwd(DT_BF16, xh, B, T, H, D, 0, H, true, window, cap, c.p, key, y, NULL, lse) < 0 ||
+                 dt_k_attention_ex_bwd(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, true, window, cap, c.p, key, g,
+                                       NULL) < 0
+           : window > 0 || cap > 0.0f
+               ? dt_k_attention_window_fwd_lp(DT_BF16, xh, B, T, H, D, window, cap, y, NULL, lse) < 0 ||
+                     dt_k_attention_window_bwd_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, window, cap, g, NULL) < 0
+               : dt_k_attention_fwd_heads_lp(DT_BF16, xh, B, T, H, D, 0, H, c.causal, c.p, key, y, NULL, lse) < 0 ||
+                     dt_k_attention_bwd_heads_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, c.causal, c.p, key, g,
+                                                 NULL) < 0)
         return -1;
     dt__attention_amx_force(NULL);
     if (yk)
@@ -487,6 +492,26 @@ TEST(rows_cap_matches_reference)
     rows_cases_on_paths("cap", paths, 4, g_cap_cases, sizeof g_cap_cases / sizeof g_cap_cases[0]);
 }
 
+/* Dropout (0.2, 0.3) beside a sliding window and a soft cap (dt_k_attention_ex_fwd: Mistral's and Gemma 2's
+   attention with attention_dropout): the mask on the probabilities of the capped scores within the window, dS
+   through tanh' for the kept ones; on the tiles with each path's row loops, then on the rows of each path */
+static const masked_case g_drop_cases[] = {
+    {{1, 100, 2, 64, true, 0.3f}, 0, 0.3f},  {{2, 150, 2, 40, true, 0.2f}, 37, 0.0f},
+    {{1, 131, 2, 64, true, 0.3f}, 33, 1.0f}, {{2, 45, 2, 24, true, 0.2f}, 16, 50.0f},
+};
+
+TEST(amx_dropout_window_cap_matches_reference)
+{
+    memset(g_worst, 0, sizeof g_worst);
+    amx_cases_on_paths("dropout", g_drop_cases, sizeof g_drop_cases / sizeof g_drop_cases[0]);
+}
+
+TEST(rows_dropout_window_cap_matches_reference)
+{
+    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    rows_cases_on_paths("dropout", paths, 4, g_drop_cases, sizeof g_drop_cases / sizeof g_drop_cases[0]);
+}
+
 /* More threads than tasks and than cores: the same bits as one thread (each
  * task's sums run in a fixed order), the tiles released. */
 TEST(amx_threads_same_bits)
@@ -659,6 +684,7 @@ static int run_tile_checks(void)
     RUN(amx_matches_reference);
     RUN(amx_window_matches_reference);
     RUN(amx_cap_matches_reference);
+    RUN(amx_dropout_window_cap_matches_reference);
     RUN(amx_threads_same_bits);
     RUN(amx_nonfinite_falls_back);
     RUN(amx_nonfinite_every_lane);
@@ -685,6 +711,7 @@ int main(int argc, char **argv)
     RUN(rows_bf16_matches_reference);
     RUN(rows_bf16_window_matches_reference);
     RUN(rows_cap_matches_reference);
+    RUN(rows_dropout_window_cap_matches_reference);
     RUN(window_hides_nonfinite);
     return run_tile_checks();
 }

@@ -106,13 +106,10 @@ static void part_vs_whole(const part_case *pc, bool isa_bits)
     float *yp = malloc(sizeof(float) * ny), *lp = malloc(sizeof(float) * nl), *dp = malloc(sizeof(float) * nq);
     float *ys = malloc(sizeof(float) * ny), *ls = malloc(sizeof(float) * nl), *ds = malloc(sizeof(float) * nq);
     ASSERT(qkv && dy && y && lse && dq && yp && lp && dp && ys && ls && ds);
-    if (pc->window || pc->cap > 0.0f) {
-        ASSERT_OK(dt_k_attention_window_fwd(qkv, B, T, H, D, pc->window, pc->cap, y, lse));
-        ASSERT_OK(dt_k_attention_window_bwd(qkv, y, lse, dy, B, T, H, D, pc->window, pc->cap, dq));
-    } else {
-        ASSERT_OK(dt_k_attention_fwd_heads(qkv, B, T, H, D, 1, H + 2, pc->causal, pc->p, k_drop_key, y, lse));
-        ASSERT_OK(dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, 1, H + 2, pc->causal, pc->p, k_drop_key, dq));
-    }
+    ASSERT_OK(dt_k_attention_ex_fwd(DT_F32, qkv, B, T, H, D, 1, H + 2, pc->causal, pc->window, pc->cap, pc->p,
+                                    k_drop_key, y, NULL, lse));
+    ASSERT_OK(dt_k_attention_ex_bwd(DT_F32, qkv, y, lse, dy, B, T, H, D, 1, H + 2, pc->causal, pc->window, pc->cap,
+                                    pc->p, k_drop_key, dq, NULL));
     part_blocks(pc, qkv, dy, y, lse, yp, lp, dp);
     for (size_t i = 0; i < ny; i++)
         ASSERT_NEAR(yp[i], y[i], TOL, TOL);
@@ -195,6 +192,17 @@ TEST(part_blocks_dropout)
     part_long(true, 0, 0.0f, 0.3f);
 }
 
+/* Dropout beside a window and a cap: the mask on the probabilities of the capped scores within the window, dS
+ * through tanh' for the kept ones (the whole-sequence kernel's, itself against a double reference in
+ * tests/kernels/test_attention) */
+TEST(part_blocks_dropout_window_cap)
+{
+    part_small(true, 4, 0.0f, 0.3f);
+    part_small(true, 0, 0.3f, 0.3f);
+    part_small(true, 4, 0.3f, 0.3f);
+    part_long(true, 37, 0.5f, 0.3f);
+}
+
 TEST(part_bad_arguments)
 {
     float x[64] = {0}, l[4];
@@ -219,8 +227,6 @@ TEST(part_bad_arguments)
     ASSERT_STR_CONTAINS(dt_last_error(), "dropout");
     ASSERT_STATUS(dt_k_attention_part_bwd(x, 4, x, 4, x, 4, x, 4, l, 2, x, 4, 1, 2, 2, 1, 4, 1, 0, true, 0, 0.0f,
                                           &short_t, x, 4, x, 4, x, 4), DT_ERR_INVALID_ARG); /* rows past T = 2 */
-    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, 3, 0.0f, &short_t, x, 4, l, 2),
-                  DT_ERR_UNSUPPORTED); /* with a window */
 }
 
 TEST(layout_positions_and_uneven_refused)
@@ -248,7 +254,7 @@ typedef struct {
     bool balance, causal, ulysses;
     int64_t H;      /* 0: 4 */
     int64_t window; /* with causal: a sliding window (0 none) */
-    float cap;      /* and a soft cap (0 none); either: the window kernels are the reference */
+    float cap;      /* and a soft cap (0 none) */
     float p;        /* dropout on the probabilities (0 none) over heads [h0, h0 + H) of a layer of Ht */
     int64_t h0, Ht; /* (Ht 0: H) */
 } ring_case;
@@ -277,13 +283,10 @@ static int body_ring(int rank, int P, void *arg)
     const bool win = rc->window || rc->cap;
     const int64_t Ht = rc->Ht ? rc->Ht : H;
     const dt_rng_key key = dt_rng_key_make(11, DT_RNG_DROPOUT, 3, 1);
-    if (win) {
-        TH_OK(dt_k_attention_window_fwd(qkv, B, T, H, D, rc->window, rc->cap, y, lse));
-        TH_OK(dt_k_attention_window_bwd(qkv, y, lse, dy, B, T, H, D, rc->window, rc->cap, dq));
-    } else {
-        TH_OK(dt_k_attention_fwd_heads(qkv, B, T, H, D, rc->h0, Ht, rc->causal, rc->p, key, y, lse));
-        TH_OK(dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, rc->h0, Ht, rc->causal, rc->p, key, dq));
-    }
+    TH_OK(dt_k_attention_ex_fwd(DT_F32, qkv, B, T, H, D, rc->h0, Ht, rc->causal, rc->window, rc->cap, rc->p, key, y,
+                                NULL, lse));
+    TH_OK(dt_k_attention_ex_bwd(DT_F32, qkv, y, lse, dy, B, T, H, D, rc->h0, Ht, rc->causal, rc->window, rc->cap,
+                                rc->p, key, dq, NULL));
     dt_cp_layout L;
     TH_OK(dt_cp_layout_make(rank, P, T, rc->balance, &L));
     const int64_t Tl = L.local_len;
@@ -297,7 +300,15 @@ static int body_ring(int rank, int P, void *arg)
             memcpy(lq + (b * Tl + i) * 3 * C, qkv + (b * T + g) * 3 * C, sizeof(float) * (size_t)(3 * C));
             memcpy(ldy + (b * Tl + i) * C, dy + (b * T + g) * C, sizeof(float) * (size_t)C);
         }
-    if (win && rc->ulysses) {
+    if (win && rc->p > 0.0f && rc->ulysses) { /* the general forms */
+        TH_OK(dt_cp_ulysses_ex_fwd(pg, &L, lq, B, H, D, rc->h0, Ht, true, rc->window, rc->cap, rc->p, key, ly, ll));
+        TH_OK(dt_cp_ulysses_ex_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->h0, Ht, true, rc->window, rc->cap, rc->p, key,
+                                   ld));
+    } else if (win && rc->p > 0.0f) {
+        TH_OK(dt_cp_attention_ex_fwd(pg, &L, lq, B, H, D, rc->h0, Ht, true, rc->window, rc->cap, rc->p, key, ly, ll));
+        TH_OK(dt_cp_attention_ex_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->h0, Ht, true, rc->window, rc->cap, rc->p,
+                                     key, ld));
+    } else if (win && rc->ulysses) {
         TH_OK(dt_cp_ulysses_window_fwd(pg, &L, lq, B, H, D, rc->window, rc->cap, ly, ll));
         TH_OK(dt_cp_ulysses_window_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->window, rc->cap, ld));
     } else if (win) {
@@ -412,6 +423,19 @@ TEST(ring_cp2_dropout_balanced_causal) { ring_dropout(2, 24, true, true); }
 TEST(ring_cp4_dropout_plain_full) { ring_dropout(4, 16, false, false); }
 TEST(ulysses_cp4_dropout_plain_full) { ulysses_dropout(4, 16, false, false); }
 
+/* Dropout 0.3 beside a sliding window and a soft cap (Mistral's, Gemma 2's attention with attention_dropout), heads
+ * [4, 8) of 12, under both attentions: the whole-sequence kernel's y, lse and dqkv */
+static void window_dropout(int P, int64_t T, bool ulysses, int64_t window, float cap)
+{
+    ring_case rc = {T, true, true, ulysses, 4, window, cap, 0.3f, 4, 12};
+    ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
+}
+
+TEST(ring_cp2_dropout_window_cap) { window_dropout(2, 24, false, 5, 0.8f); }
+TEST(ring_cp4_dropout_window) { window_dropout(4, 40, false, 7, 0.0f); }
+TEST(ulysses_cp2_dropout_window_cap) { window_dropout(2, 24, true, 5, 0.8f); }
+TEST(ulysses_cp4_dropout_cap) { window_dropout(4, 16, true, 0, 0.8f); }
+
 /* Bad windows and caps are refused by both attentions before any exchange (no rank waits) */
 static int body_bad_masks(int rank, int P, void *arg)
 {
@@ -463,6 +487,10 @@ int main(void)
     RUN(ulysses_cp4_window_and_cap);
     RUN(ulysses_cp2_dropout_balanced_causal);
     RUN(ulysses_cp4_dropout_plain_full);
+    RUN(ring_cp2_dropout_window_cap);
+    RUN(ring_cp4_dropout_window);
+    RUN(ulysses_cp2_dropout_window_cap);
+    RUN(ulysses_cp4_dropout_cap);
     RUN(ring_cp2_dropout_balanced_causal);
     RUN(ring_cp4_dropout_plain_full);
     RUN(ring_cp2_window);
@@ -475,6 +503,7 @@ int main(void)
     RUN(part_blocks_equal_whole_window);
     RUN(part_blocks_equal_whole_cap);
     RUN(part_blocks_dropout);
+    RUN(part_blocks_dropout_window_cap);
     RUN(part_long_blocks_causal);
     RUN(part_long_blocks_full);
     RUN(part_long_blocks_window);

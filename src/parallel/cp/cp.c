@@ -113,15 +113,13 @@ typedef struct {
     int64_t h0, Ht;
 } cp_drop;
 
-static dt_status drop_args(const char *fn, int64_t H, int64_t window, float cap, const cp_drop *dr)
+static dt_status drop_args(const char *fn, int64_t H, const cp_drop *dr)
 {
     if (!(dr->p >= 0.0f && dr->p < 1.0f))
         return dt_error(DT_ERR_INVALID_ARG, "%s: dropout probability %g is outside [0, 1)", fn, (double)dr->p);
     if (dr->h0 < 0 || dr->Ht < dr->h0 + H)
         return dt_error(DT_ERR_INVALID_ARG, "%s: heads [%lld, %lld) are not inside a layer of %lld", fn,
                         (long long)dr->h0, (long long)(dr->h0 + H), (long long)dr->Ht);
-    if (dr->p > 0.0f && (window > 0 || cap > 0.0f))
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: dropout with a sliding window or a soft cap is not supported", fn);
     return DT_OK;
 }
 
@@ -140,7 +138,7 @@ static dt_status ring_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
     if (st >= 0)
-        st = drop_args(fn, H, window, cap, dr);
+        st = drop_args(fn, H, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -195,7 +193,7 @@ static dt_status ring_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, cons
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
     if (st >= 0)
-        st = drop_args(fn, H, window, cap, dr);
+        st = drop_args(fn, H, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -368,7 +366,7 @@ static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
     if (st >= 0)
-        st = drop_args(fn, H, window, cap, dr);
+        st = drop_args(fn, H, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse)
@@ -381,9 +379,8 @@ static dt_status ulysses_fwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = heads_exchange(cp, l, (float *)qkv, B, 3, H, D, qg, false);
     if (st >= 0)
-        st = window > 0 || cap > 0.0f ? dt_k_attention_window_fwd(qg, B, T, Hp, D, window, cap, yg, lg)
-                                      : dt_k_attention_fwd_heads(qg, B, T, Hp, D, dr->h0 + l->rank * Hp, dr->Ht, causal,
-                                                                 dr->p, dr->key, yg, lg);
+        st = dt_k_attention_ex_fwd(DT_F32, qg, B, T, Hp, D, dr->h0 + l->rank * Hp, dr->Ht, causal, window, cap,
+                                   dr->p, dr->key, yg, NULL, lg);
     if (st >= 0)
         st = heads_exchange(cp, l, y, B, 1, H, D, yg, true);
     if (st >= 0)
@@ -402,7 +399,7 @@ static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = mask_args(fn, causal, window, cap);
     if (st >= 0)
-        st = drop_args(fn, H, window, cap, dr);
+        st = drop_args(fn, H, dr);
     if (st < 0)
         return st;
     if (!qkv || !y || !lse || !dy || !dqkv)
@@ -422,9 +419,8 @@ static dt_status ulysses_bwd(const char *fn, dt_pg *cp, const dt_cp_layout *l, c
     if (st >= 0)
         st = lse_exchange(cp, l, (float *)lse, B, H, lg, false);
     if (st >= 0)
-        st = window > 0 || cap > 0.0f ? dt_k_attention_window_bwd(qg, yg, lg, dg, B, T, Hp, D, window, cap, dq)
-                                      : dt_k_attention_bwd_heads(qg, yg, lg, dg, B, T, Hp, D, dr->h0 + l->rank * Hp,
-                                                                 dr->Ht, causal, dr->p, dr->key, dq);
+        st = dt_k_attention_ex_bwd(DT_F32, qg, yg, lg, dg, B, T, Hp, D, dr->h0 + l->rank * Hp, dr->Ht, causal, window,
+                                   cap, dr->p, dr->key, dq, NULL);
     if (st >= 0)
         st = heads_exchange(cp, l, dqkv, B, 3, H, D, dq, true);
     free(qg);
@@ -525,4 +521,36 @@ dt_status dt_cp_attention_window_bwd(dt_pg *cp, const dt_cp_layout *l, const flo
 {
     const cp_drop dr = no_drop(H);
     return ring_bwd("dt_cp_attention_window_bwd", cp, l, qkv, y, lse, dy, B, H, D, true, window, cap, &dr, dqkv);
+}
+
+dt_status dt_cp_attention_ex_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                                 int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p,
+                                 dt_rng_key key, float *y, float *lse)
+{
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ring_fwd("dt_cp_attention_ex_fwd", cp, l, qkv, B, H, D, causal, window, cap, &dr, y, lse);
+}
+
+dt_status dt_cp_attention_ex_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                                 const float *dy, int64_t B, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                                 int64_t window, float cap, float p, dt_rng_key key, float *dqkv)
+{
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ring_bwd("dt_cp_attention_ex_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, window, cap, &dr, dqkv);
+}
+
+dt_status dt_cp_ulysses_ex_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                               int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p, dt_rng_key key,
+                               float *y, float *lse)
+{
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ulysses_fwd("dt_cp_ulysses_ex_fwd", cp, l, qkv, B, H, D, causal, window, cap, &dr, y, lse);
+}
+
+dt_status dt_cp_ulysses_ex_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                               const float *dy, int64_t B, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                               int64_t window, float cap, float p, dt_rng_key key, float *dqkv)
+{
+    const cp_drop dr = {.p = p, .key = key, .h0 = h0, .Ht = Ht};
+    return ulysses_bwd("dt_cp_ulysses_ex_bwd", cp, l, qkv, y, lse, dy, B, H, D, causal, window, cap, &dr, dqkv);
 }

@@ -45,35 +45,29 @@ typedef struct {
 static dt_status ring_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                           const attn_mask *m, float *y, float *lse)
 {
-    return m->window > 0 || m->cap > 0.0f
-               ? dt_cp_attention_window_fwd(cp, l, qkv, B, H, D, m->window, m->cap, y, lse)
-               : dt_cp_attention_heads_fwd(cp, l, qkv, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key, y, lse);
+    return dt_cp_attention_ex_fwd(cp, l, qkv, B, H, D, m->h0, m->Ht, m->causal, m->window, m->cap, m->p, m->key, y,
+                                  lse);
 }
 
 static dt_status ring_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
                           const float *dy, int64_t B, int64_t H, int64_t D, const attn_mask *m, float *dqkv)
 {
-    return m->window > 0 || m->cap > 0.0f
-               ? dt_cp_attention_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->window, m->cap, dqkv)
-               : dt_cp_attention_heads_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key,
-                                           dqkv);
+    return dt_cp_attention_ex_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->h0, m->Ht, m->causal, m->window, m->cap, m->p,
+                                  m->key, dqkv);
 }
 
 static dt_status ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
                              const attn_mask *m, float *y, float *lse)
 {
-    return m->window > 0 || m->cap > 0.0f
-               ? dt_cp_ulysses_window_fwd(cp, l, qkv, B, H, D, m->window, m->cap, y, lse)
-               : dt_cp_ulysses_heads_fwd(cp, l, qkv, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key, y, lse);
+    return dt_cp_ulysses_ex_fwd(cp, l, qkv, B, H, D, m->h0, m->Ht, m->causal, m->window, m->cap, m->p, m->key, y,
+                                lse);
 }
 
 static dt_status ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
                              const float *dy, int64_t B, int64_t H, int64_t D, const attn_mask *m, float *dqkv)
 {
-    return m->window > 0 || m->cap > 0.0f
-               ? dt_cp_ulysses_window_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->window, m->cap, dqkv)
-               : dt_cp_ulysses_heads_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->h0, m->Ht, m->causal, m->p, m->key,
-                                         dqkv);
+    return dt_cp_ulysses_ex_bwd(cp, l, qkv, y, lse, dy, B, H, D, m->h0, m->Ht, m->causal, m->window, m->cap, m->p,
+                                m->key, dqkv);
 }
 
 static const cp_impl_ops k_impl[DT_CP_IMPL_COUNT] = {
@@ -244,6 +238,26 @@ static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *
     return y ? dt_cast(ctx, y, qkv->dtype) : NULL;
 }
 
+/* The description checked here, before any exchange and whether training or not (in eval p never reaches the
+ * kernels: a bad one would otherwise pass silently) */
+dt_tensor *dt_cp_attention_ex(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, const dt_attention_spec *s)
+{
+    const char *op = "dt_cp_attention_ex";
+    if (!s) {
+        dt_error(DT_ERR_NULL, "%s: the attention's description is NULL", op);
+        return NULL;
+    }
+    const int Ht = s->heads_total ? s->heads_total : s->n_head;
+    if (!(s->dropout_p >= 0.0f && s->dropout_p < 1.0f) || s->head0 < 0 || Ht - s->n_head < s->head0) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: dropout %g (want [0, 1)) or heads [%d, %d) of %d", op, (double)s->dropout_p,
+                 s->head0, s->head0 + s->n_head, Ht);
+        return NULL;
+    }
+    const attn_mask m = {.causal = s->causal, .window = s->window, .cap = s->softcap, .h0 = s->head0, .Ht = Ht,
+                         .p = s->training ? s->dropout_p : 0.0f, .key = s->key};
+    return cp_attention(ctx, op, p, qkv, s->n_head, &m);
+}
+
 dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal)
 {
     const attn_mask m = {.causal = causal};
@@ -253,15 +267,9 @@ dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, i
 dt_tensor *dt_cp_attention_heads(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int head0,
                                  int heads_total, bool causal, float dropout_p, bool training, dt_rng_key key)
 {
-    const char *op = "dt_cp_attention_heads";
-    if (!(dropout_p >= 0.0f && dropout_p < 1.0f) || head0 < 0 || heads_total < head0 + n_head) {
-        dt_error(DT_ERR_INVALID_ARG, "%s: dropout %g (want [0, 1)) or heads [%d, %d) of %d", op, (double)dropout_p,
-                 head0, head0 + n_head, heads_total);
-        return NULL;
-    }
-    const attn_mask m = {.causal = causal, .h0 = head0, .Ht = heads_total, .p = training ? dropout_p : 0.0f,
-                         .key = key};
-    return cp_attention(ctx, op, p, qkv, n_head, &m);
+    const dt_attention_spec s = {.n_head = n_head, .head0 = head0, .heads_total = heads_total ? heads_total : -1,
+                                 .causal = causal, .dropout_p = dropout_p, .training = training, .key = key};
+    return dt_cp_attention_ex(ctx, p, qkv, &s);
 }
 
 dt_tensor *dt_cp_attention_window(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int64_t window,
