@@ -182,5 +182,7 @@ dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c,
         gc.dropout = h.gpt2.dropout;
         return dt__model_gpt2("gpt2", seed, &gc, out, d);
     }
-    return dt_llama_create(&h.llama, seed, c, out, d);
+    dt_model_config lcfg = *c; /* config.json's attention_dropout, as GPT-2's pdrops above */
+    lcfg.dropout = 0.0f;
+    return dt_llama_create(&h.llama, seed, &lcfg, out, d);
 }

@@ -447,8 +447,10 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         if (r->st >= 0 && strcmp(act, "silu"))
             unsupported(r, "hidden_act", "only \"silu\" (SwiGLU) is supported");
     }
-    if (get_num(r, o, "attention_dropout", 0.0) != 0.0)
-        unsupported(r, "attention_dropout", "attention dropout is not supported (0 only)");
+    c->attention_dropout = get_num(r, o, "attention_dropout", 0.0); /* in training only */
+    if (r->st >= 0 && !(c->attention_dropout >= 0.0 && c->attention_dropout < 1.0))
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"attention_dropout\" must be a number in [0, 1) (got %g)", r->path,
+                         c->attention_dropout);
     if (get_int(r, o, "pretraining_tp", 1, 0, big) > 1)
         unsupported(r, "pretraining_tp", "pretraining_tp > 1 is not supported (1 only)");
     /* Sliding windows: Mistral's (and Phi-3's) on every layer, Qwen2's and Qwen3's with use_sliding_window on

@@ -278,7 +278,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 else
                     cJSON_AddNullToObject(o, key[k]);
         }
-        cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+        add_float(o, "attention_dropout", fnum((float)c->attention_dropout)); /* the model's p is a float */
         if (!gemma && !phi3 && !granite && !olmo2)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         if (granite) { /* 0: none, GraniteConfig's 1 */

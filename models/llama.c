@@ -44,9 +44,9 @@
  *
  * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
  * rows of the whole [B, T] ids, RoPE rotates them at their global
- * positions (dt_rope_at), attention is dt_cp_attention_window over the
+ * positions (dt_rope_at), attention is dt_cp_attention_ex over the
  * packed q | k | v (GQA's kv heads repeated first; the layer's sliding
- * window; a soft cap under Ulysses only), the rest runs on the rows.
+ * window, soft cap and dropout), the rest runs on the rows.
  *
  * OLMo 2 (dt_llama_config.olmo2; transformers' Olmo2ForCausalLM): no
  * norm before attention and MLP; each output normalized before its
@@ -272,10 +272,19 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     if (kv)
         return dt_module_forward(ctx, child(self, "o_proj"), dt__kv_attention(ctx, kv->c, kv->layer++, q, k, v, H, KV));
     dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
-    /* the layer's sliding window (within it: causal attention) and Gemma 2's soft cap */
-    const float cap = (float)rt->c.attn_logit_softcapping;
-    dt_tensor *y = rt->cp.group ? dt_cp_attention_window(ctx, &rt->cp, qkv, H, a->window, cap)
-                                : dt_attention_window(ctx, qkv, H, a->window, cap);
+    /* causal, the layer's sliding window, Gemma 2's soft cap and the attention's dropout on the rank's heads of
+       the layer (tensor parallel: their part of the one-process mask; the key is the same on every rank) */
+    dt_attention_spec s = {.n_head = H, .heads_total = H * t, .causal = true, .window = a->window,
+                           .softcap = (float)rt->c.attn_logit_softcapping};
+    dt_module *drop = child(self, "attn_dropout");
+    if (drop) {
+        dt_pg *tp = dt_tp_module_group(child(self, rt->c.fused ? "qkv_proj" : "q_proj"));
+        s.head0 = tp ? dt_pg_rank(tp) * H : 0;
+        s.dropout_p = (float)rt->c.attention_dropout;
+        s.training = dt_module_is_training(drop);
+        s.key = dt_module_dropout_key(drop);
+    }
+    dt_tensor *y = rt->cp.group ? dt_cp_attention_ex(ctx, &rt->cp, qkv, &s) : dt_attention_ex(ctx, qkv, &s);
     return dt_module_forward(ctx, child(self, "o_proj"), y);
 }
 
@@ -555,6 +564,9 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_p
         ok = add(attn, "v_proj", proj(tp, C, KV * hd, ab, std, true), ok);
         ok = add(attn, "o_proj", proj(tp, H * hd, C, ob, std, false), ok);
     }
+    if (c->attention_dropout > 0.0) /* keys the masks (attn_forward); none without dropout: the modules (and the
+                                       random-stream state) of a model without it */
+        ok = add(attn, "attn_dropout", dt_nn_dropout((float)c->attention_dropout), ok);
     if (c->olmo2) { /* OLMo 2's over the whole projection (under tp the rank's heads' columns) */
         ok = add(attn, "q_norm", whole_norm(c, rt, tp, H * hd), ok);
         ok = add(attn, "k_norm", whole_norm(c, rt, tp, KV * hd), ok);
@@ -781,9 +793,8 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     dt_status st = dt_llama_config_check(lc);
     if (st < 0)
         return st;
-    if (c.dropout != 0.0f) /* documented as refused; it was ignored, the model trained without it */
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: dropout %g is not supported for Llama models yet (0 only; the "
-                        "GPT models have it)", (double)c.dropout);
+    if (!(c.dropout >= 0.0f && c.dropout < 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: dropout %g is outside [0, 1)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
@@ -819,6 +830,8 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
     }
     rt->c = *lc;
+    if (c.dropout > 0.0f) /* the model config's dropout is the attention's, Llama's only one */
+        rt->c.attention_dropout = c.dropout;
     rt->cp = cp ? c.cp : dt_cp_params_default();
     for (int64_t i = 0; i < lc->num_hidden_layers; i++) { /* a layer slides unless it is a full one */
         const bool full = i < DT_LLAMA_MAX_LAYERS && lc->full_attention_layers[i];
@@ -850,7 +863,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (ok && lc->has_pad_token && !tp)
         ok = dt_module_set_param_padding_row(emb, 0, lc->pad_token_id) == DT_OK;
     for (int64_t i = 0; i < L && ok; i++)
-        ok = add(layers, NULL, layer(lc, rt, &rt->attn[i], tp), ok);
+        ok = add(layers, NULL, layer(&rt->c, rt, &rt->attn[i], tp), ok);
     if (ok && lc->tie_word_embeddings)
         ok = dt_module_tie(head, "weight", emb, "weight") == DT_OK;
     ok = add(inner, "embed_tokens", emb, ok);

@@ -68,6 +68,7 @@ dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_ll
         lc->max_position_embeddings = c->block_size;
     if (c->vocab_size)
         lc->vocab_size = c->vocab_size;
+    lc->attention_dropout = c->dropout; /* Llama's only dropout */
     return DT_OK;
 }
 
@@ -125,6 +126,8 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
         if (!(mult[i].v >= 0.0) || !isfinite(mult[i].v))
             return dt_error(DT_ERR_INVALID_ARG, "llama: %s %g must be a finite number > 0 (0: none)", mult[i].key,
                             mult[i].v);
+    if (!(lc->attention_dropout >= 0.0 && lc->attention_dropout < 1.0))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: attention_dropout %g is outside [0, 1)", lc->attention_dropout);
     if (lc->gemma2 && !lc->gemma)
         return dt_error(DT_ERR_INVALID_ARG, "llama: gemma2 needs gemma (Gemma 2 has Gemma's norms, embedding scale "
                         "and MLP)");

@@ -347,6 +347,9 @@ static int convert_hf(const char *src, const char *out, const char *model, uint6
             if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1e9)
                 *dstv[i] = (int64_t)v->valuedouble;
         }
+        const cJSON *dr = cJSON_GetObjectItemCaseSensitive(u, "dropout"); /* the run's: config.json keeps it */
+        if (cJSON_IsNumber(dr) && dr->valuedouble > 0 && dr->valuedouble < 1)
+            cfg.dropout = (float)dr->valuedouble;
         cJSON_Delete(u);
     }
     if (!name[0]) {

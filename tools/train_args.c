@@ -131,7 +131,9 @@ static const opt_def opts[] = {
     {"vocab-size", OPT_INT, OFF(vocab_size), 1, 1e7, NULL, "N",
      "GPT models: tokens (default: the size of --vocab when given; else the model's, or the token files' "
      "largest id + 1 when that is larger; said at start)"},
-    {"dropout", OPT_FLOAT, OFF(dropout), 0, 0.99, NULL, "P", "GPT models: dropout probability (default 0)"},
+    {"dropout", OPT_FLOAT, OFF(dropout), 0, 0.99, NULL, "P",
+     "language models: dropout probability (GPT: the embedding's, attention's and residual ones; Llama: the "
+     "attention's, transformers' attention_dropout; default 0)"},
     {"activation-checkpointing", OPT_FLAG, OFF(act_ckpt), 0, 0, NULL, NULL,
      "recompute the model's checkpoint units in backward instead of keeping their activations (the ConvNet's "
      "conv blocks, the MLP's layers, GPT blocks; the same losses)"},

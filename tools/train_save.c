@@ -63,6 +63,8 @@ int dt__tr_make_user_json(dt__train_run *t)
                  (long long)(t->o.n_head ? t->o.n_head : g.n_head), (long long)(t->o.n_embd ? t->o.n_embd : g.n_embd),
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
+        if (t->o.dropout > 0) /* the model's dropout: ckpt convert --hf writes it into config.json */
+            snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"dropout\":%.9g", t->o.dropout);
         if (t->o.loss_mask) /* the data's prompt targets are ignored: dtrain eval --ckpt evaluates alike */
             snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"loss_mask\":true");
     } else if (t->o.mlp_dim || t->o.mlp_hidden) { /* the MLP's widths (0: the default) */

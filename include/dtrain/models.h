@@ -290,6 +290,9 @@ typedef struct dt_llama_config {
                                          below max_window_layers), 0 for one that slides (Mistral's every
                                          layer). At most DT_LLAMA_MAX_LAYERS layers with a window or a local
                                          RoPE base */
+    double attention_dropout;         /* dropout on the attention's probabilities in training (transformers'
+                                         attention_dropout; every query head its own mask, with the window
+                                         and the soft cap where the layer has them), in [0, 1); 0: none */
     bool has_pad_token;               /* config.json's pad_token_id is set: */
     int64_t pad_token_id;             /* the embedding row whose lookups pass no gradient back, as
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied
@@ -330,8 +333,13 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * rank's shapes): num_attention_heads, num_key_value_heads and
  * intermediate_size must be divisible by the group's size
  * (DT_ERR_INVALID_ARG naming the key); dt_model_create fills the slices
- * from the one-process init (dt_model_init_tp). No sequence parallelism
- * or dropout yet (DT_ERR_UNSUPPORTED). */
+ * from the one-process init (dt_model_init_tp). c->dropout > 0 is the
+ * attention's dropout in place of lc->attention_dropout (Llama has no
+ * other); each attention module then has a Dropout child "attn_dropout"
+ * that keys its masks (none at 0: the same modules, and random-stream
+ * state, as a model without dropout), a tensor-parallel rank drawing its
+ * heads' part of the one-process mask, a context-parallel one its rows'.
+ * No sequence parallelism yet (DT_ERR_UNSUPPORTED). */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 /* True when m is a Llama-family model of dt_llama_create; then *P = its
@@ -370,8 +378,8 @@ typedef struct dt_hf_config {
  * for Phi-3 other than default/longrope (its su and yarn are read as
  * longrope, as Phi3Config reads them), hidden_act other than silu (Gemma:
  * GELU's tanh form), a rope type other than default for Gemma 3's sliding
- * layers, Phi-3's dropouts,
- * attention dropout, ...),
+ * layers, Phi-3's residual and embedding dropouts, ...; attention_dropout
+ * is read, in [0, 1), else DT_ERR_FORMAT),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
  * dt_model_create("hf:DIR", ...) builds the model it describes (after
  * checking the weights' embedding against vocab_size and the width, and a

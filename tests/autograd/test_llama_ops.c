@@ -346,6 +346,26 @@ TEST(window_softcap_forward_reference)
         ASSERT(!dt_softcap(ctx, qkv, bad[k]));
         ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
     }
+    /* dt_attention_ex: in eval its dropout is none (dt_attention_window's bits); in training the mask acts; a
+       window or a cap without the causal mask, heads outside the layer, no description: refused */
+    dt_attention_spec sp = {.n_head = H, .causal = true, .window = 5, .softcap = 0.8f, .dropout_p = 0.3f,
+                            .key = dt_rng_key_make(9, DT_RNG_DROPOUT, 1, 0)};
+    dt_tensor *ye = dt_attention_ex(ctx, qkv, &sp), *yw = dt_attention_window(ctx, qkv, H, 5, 0.8f);
+    ASSERT(ye && yw);
+    ASSERT_EQ_INT(memcmp(ye->data, yw->data, (size_t)dt_tensor_numel(yw) * sizeof(float)), 0);
+    sp.training = true;
+    dt_tensor *yd = dt_attention_ex(ctx, qkv, &sp);
+    ASSERT(yd);
+    ASSERT(memcmp(yd->data, yw->data, (size_t)dt_tensor_numel(yw) * sizeof(float)) != 0);
+    sp.causal = false;
+    ASSERT(!dt_attention_ex(ctx, qkv, &sp));
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "causal");
+    sp.causal = true, sp.head0 = 1;
+    ASSERT(!dt_attention_ex(ctx, qkv, &sp)); /* heads [1, H + 1) of H */
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+    ASSERT(!dt_attention_ex(ctx, qkv, NULL));
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
     dt_tensor_free(qkv);
     dt_ctx_free(ctx);
 }

@@ -723,6 +723,30 @@ TEST(config_strict_json)
     }
 }
 
+/* attention_dropout (Llama's, Qwen2's, Gemma's, ...: on the attention's probabilities in training) is read, in
+ * [0, 1); outside it, or not a number, a format error naming the file and the key */
+TEST(config_attention_dropout)
+{
+    static const char *const head = "{\"architectures\": [\"Qwen2ForCausalLM\"], \"vocab_size\": 64, "
+                                    "\"hidden_size\": 16, \"intermediate_size\": 32, \"num_hidden_layers\": 1, "
+                                    "\"num_attention_heads\": 2, ";
+    char text[512];
+    dt_hf_config h;
+    snprintf(text, sizeof text, "%s\"attention_dropout\": 0.1}", head);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT(h.llama.attention_dropout == 0.1);
+    snprintf(text, sizeof text, "%s\"num_key_value_heads\": 2}", head);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT(h.llama.attention_dropout == 0.0); /* LlamaConfig's default */
+    static const char *const bad[] = {"1", "-0.1", "\"0.1\""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(text, sizeof text, "%s\"attention_dropout\": %s}", head, bad[i]);
+        ASSERT_STATUS(read_config_text(text, &h), DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
+        ASSERT_STR_CONTAINS(dt_last_error(), "attention_dropout");
+    }
+}
+
 /* A GPT-2 config.json whose sizes dtrain's GPT-2 cannot take is refused
  * when it is read, naming the file: n_head not dividing n_embd, a head
  * above 256, a dropout of 1 (the model's build said "gpt2: ...", no file). */
@@ -754,6 +778,7 @@ int main(void)
     RUN(config_gemma3);
     RUN(config_strict_json);
     RUN(config_gpt2_sizes);
+    RUN(config_attention_dropout);
     RUN(llama_parity);
     RUN(llama_bf16_parity);
     RUN(gpt2_parity);

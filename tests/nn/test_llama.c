@@ -185,18 +185,83 @@ TEST(tied_and_meta)
     c.num_key_value_heads = 3;
     ASSERT_STATUS(dt_llama_create(&c, 5, NULL, &m, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "num_key_value_heads");
-    /* dropout is not built: refused, not ignored */
+    /* a dropout outside [0, 1): refused by name */
     c.num_key_value_heads = 2;
     mc = dt_model_config_default();
-    mc.dropout = 0.1f;
-    ASSERT_STATUS(dt_llama_create(&c, 5, &mc, &m, NULL), DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "dropout 0.1");
+    mc.dropout = 1.0f;
+    ASSERT_STATUS(dt_llama_create(&c, 5, &mc, &m, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "dropout 1");
+    c.attention_dropout = -0.5;
+    ASSERT_STATUS(dt_llama_create(&c, 5, NULL, &m, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "attention_dropout");
+}
+
+/* The attention's dropout (transformers' attention_dropout; the model config's dropout for a Llama): a Dropout
+ * child keys each attention's masks (none without dropout: the same modules and random-stream state); in eval the
+ * model's bits without it; in training each forward draws new masks; recomputation under activation checkpointing
+ * draws the same ones (loss and gradients bit for bit); config.json's attention_dropout builds the same model */
+TEST(attention_dropout)
+{
+    dt_model_config mc = dt_model_config_default();
+    mc.seq = 16;
+    dt_model *m0, *m1;
+    dt_model_desc d0, d1;
+    ASSERT_OK(dt_model_create("llama-tiny", 3, &mc, &m0, &d0));
+    mc.dropout = 0.3f;
+    ASSERT_OK(dt_model_create("llama-tiny", 3, &mc, &m1, &d1));
+    ASSERT(dt_model_find_module(m1, "model.layers.1.self_attn.attn_dropout") != NULL);
+    ASSERT(dt_model_find_module(m0, "model.layers.1.self_attn.attn_dropout") == NULL);
+    ASSERT(dt_model_rng_state_size(m1) > dt_model_rng_state_size(m0));
+    dt_model_train(m0, false);
+    dt_model_train(m1, false);
+    const double e0 = batch_loss(m0, &d0, false), e1 = batch_loss(m1, &d1, false);
+    ASSERT(e0 == e1); /* eval: no dropout */
+    dt_model_train(m1, true);
+    const double t1 = batch_loss(m1, &d1, false), t2 = batch_loss(m1, &d1, false);
+    ASSERT(isfinite(t1) && t1 != e1 && t2 != t1);
+    /* checkpointing: the same masks when the layers are recomputed */
+    uint64_t rs[64];
+    const size_t nrs = dt_model_rng_state_size(m1);
+    ASSERT(nrs <= 64);
+    ASSERT_OK(dt_model_get_rng_state(m1, rs, nrs));
+    dt_model_zero_grad(m1);
+    const double a = batch_loss(m1, &d1, true);
+    float *g0 = malloc(t_numel(m1) * sizeof(float));
+    ASSERT(g0 != NULL);
+    memcpy(g0, t_grads(m1), t_numel(m1) * sizeof(float));
+    int n = 0;
+    dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+    ASSERT_OK(dt_model_desc_checkpoint(m1, &d1, &ap, &n));
+    ASSERT_EQ_INT(n, 2);
+    ASSERT_OK(dt_model_set_rng_state(m1, rs, nrs));
+    dt_model_zero_grad(m1);
+    const double b = batch_loss(m1, &d1, true);
+    ASSERT(a == b && a != e1);
+    ASSERT_EQ_INT(memcmp(g0, t_grads(m1), t_numel(m1) * sizeof(float)), 0);
+    free(g0);
+    /* the same model from dt_llama_config's attention_dropout */
+    dt_llama_config c;
+    ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
+    c.attention_dropout = 0.3f; /* the float the model config carried */
+    dt_model_config mc2 = dt_model_config_default();
+    mc2.seq = 16;
+    dt_model *m2;
+    dt_model_desc d2;
+    ASSERT_OK(dt_llama_create(&c, 3, &mc2, &m2, &d2));
+    ASSERT_OK(dt_model_set_rng_state(m2, rs, nrs));
+    ASSERT_OK(dt_model_set_rng_state(m1, rs, nrs));
+    const double c1 = batch_loss(m1, &d1, false), c2 = batch_loss(m2, &d2, false);
+    ASSERT(c1 == c2);
+    dt_model_free(m2);
+    dt_model_free(m1);
+    dt_model_free(m0);
 }
 
 int main(void)
 {
     RUN(names_and_count);
     RUN(trains);
+    RUN(attention_dropout);
     RUN(tied_and_meta);
     return TEST_REPORT();
 }

@@ -68,7 +68,7 @@ TEST(train_save_hf_llama)
     cli_runv(&r, 240, NULL,
              (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
                         "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "3", "--progress", "none",
-                        "--save", run, "--save-hf", out, "--hf-shard-size", "100000", NULL});
+                        "--dropout", "0.1", "--save", run, "--save-hf", out, "--hf-shard-size", "100000", NULL});
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "saved ");
     char p[600], cfg[4096];
@@ -84,6 +84,7 @@ TEST(train_save_hf_llama)
     ASSERT_STR_CONTAINS(cfg, "\"LlamaForCausalLM\"");
     ASSERT_STR_CONTAINS(cfg, "\"num_key_value_heads\":\t2");
     ASSERT_STR_CONTAINS(cfg, "\"rms_norm_eps\":\t1e-05");
+    ASSERT_STR_CONTAINS(cfg, "\"attention_dropout\":\t0.1,"); /* the run's --dropout: Llama's attention's */
     ASSERT_EQ_INT(count_prefix(cli_tmpdir(), "llama_hf."), 0); /* no temporaries left */
     /* the directory reads back to the run's own loss */
     char m[600];
@@ -101,6 +102,9 @@ TEST(train_save_hf_llama)
     ASSERT_EQ_INT(r.code, 0);
     snprintf(p, sizeof p, "%s/model.safetensors", out2);
     ASSERT(file_exists(p)); /* under 5 GB: one file, no index */
+    snprintf(p, sizeof p, "%s/config.json", out2);
+    slurp_(p, cfg, sizeof cfg);
+    ASSERT_STR_CONTAINS(cfg, "\"attention_dropout\":\t0.1,");
     snprintf(m, sizeof m, "hf:%s", out2);
     double c = eval_loss((char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16",
                                     "--json", NULL});

@@ -288,38 +288,55 @@ TEST(cp_option_errors)
 }
 
 /* --dropout 0.1: ring and Ulysses cp 2, cp 2 x tp 2 (1 head a rank under Ulysses: the heads' offsets in the
- * layer's mask) against one process, dp 2 x cp 2 against DDP on 2 ranks (the cp ranks of a replica draw its
- * masks): the same losses, which the dropout moves (the run without it differs) */
-TEST(gpt_cp_dropout_equals_one_process)
+ * layer's mask), tp 2 alone, against one process, dp 2 x cp 2 against DDP on 2 ranks (the cp ranks of a replica
+ * draw its masks): the same losses, which the dropout moves (the run without it differs). GPT-2's dropouts are
+ * the embedding's, the attention's and the residual ones; Llama's (transformers' attention_dropout) only the
+ * attention's, on 4 query heads over 2 kv heads. */
+static void dropout_cases(const char *model)
 {
     double one[64], ddp[64], plain[64];
     int n1, nd, np;
     char *drop[] = {"--dropout", "0.1", NULL};
     static cli_result r;
-    char m[400];
-    ASSERT_EQ_INT(run(&r, 1, "gpt-micro", "gpt_one_drop", m, sizeof m, drop), 0);
+    char m[400], tag[64], ref_tag[64];
+    snprintf(tag, sizeof tag, "%s_one_drop", model);
+    ASSERT_EQ_INT(run(&r, 1, model, tag, m, sizeof m, drop), 0);
     n1 = cli_step_losses(m, one, 64);
-    ASSERT_EQ_INT(run(&r, 2, "gpt-micro", "gpt_ddp2_drop", m, sizeof m, drop), 0);
+    snprintf(tag, sizeof tag, "%s_ddp2_drop", model);
+    ASSERT_EQ_INT(run(&r, 2, model, tag, m, sizeof m, drop), 0);
     nd = cli_step_losses(m, ddp, 64);
-    reference("gpt-micro", 1, "gpt_one_nodrop", plain, &np);
+    snprintf(ref_tag, sizeof ref_tag, "%s_one_nodrop", model);
+    reference(model, 1, ref_tag, plain, &np);
     ASSERT_EQ_INT(n1, 20);
     ASSERT_EQ_INT(nd, 20);
     ASSERT(!cli_same_losses(one, n1, plain, np, 1e-3)); /* the dropout acts */
-    same_as("gpt-micro", 2, "gpt_cp2u_drop", (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL},
-            one, n1, "ulysses attention");
-    same_as("gpt-micro", 2, "gpt_cp2r_drop", (char *[]){"--cp", "2", "--dropout", "0.1", NULL}, one, n1,
-            "ring attention");
-    same_as("gpt-micro", 4, "gpt_cp4r_drop", (char *[]){"--cp", "4", "--dropout", "0.1", NULL}, one, n1,
-            "ring attention");
-    same_as("gpt-micro", 4, "gpt_cp2tp2u_drop",
-            (char *[]){"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, one, n1,
-            "[0] tensor parallel: 2 ranks per group");
-    same_as("gpt-micro", 4, "gpt_dp2cp2u_drop",
-            (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, ddp, nd,
-            "gradients reduced over 2 data-parallel x 2 context-parallel ranks");
-    same_as("gpt-micro", 4, "gpt_cp2tp2r_drop", (char *[]){"--cp", "2", "--tp", "2", "--dropout", "0.1", NULL}, one,
-            n1, "[0] tensor parallel: 2 ranks per group");
+    static const struct {
+        int ranks;
+        const char *name;
+        char *flags[10];
+        bool ddp; /* against DDP on 2 ranks */
+        const char *want;
+    } cases[] = {
+        {2, "cp2u", {"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, false, "ulysses attention"},
+        {2, "cp2r", {"--cp", "2", "--dropout", "0.1", NULL}, false, "ring attention"},
+        {4, "cp4r", {"--cp", "4", "--dropout", "0.1", NULL}, false, "ring attention"},
+        {2, "tp2", {"--tp", "2", "--dropout", "0.1", NULL}, false, "[0] tensor parallel: 2 ranks per group"},
+        {4, "cp2tp2u", {"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, false,
+         "[0] tensor parallel: 2 ranks per group"},
+        {4, "dp2cp2u", {"--cp", "2", "--cp-impl", "ulysses", "--dropout", "0.1", NULL}, true,
+         "gradients reduced over 2 data-parallel x 2 context-parallel ranks"},
+        {4, "cp2tp2r", {"--cp", "2", "--tp", "2", "--dropout", "0.1", NULL}, false,
+         "[0] tensor parallel: 2 ranks per group"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(tag, sizeof tag, "%s_%s_drop", model, cases[i].name);
+        same_as(model, cases[i].ranks, tag, cases[i].flags, cases[i].ddp ? ddp : one, cases[i].ddp ? nd : n1,
+                cases[i].want);
+    }
 }
+
+TEST(gpt_cp_dropout_equals_one_process) { dropout_cases("gpt-micro"); }
+TEST(llama_cp_dropout_equals_one_process) { dropout_cases("llama-tiny"); }
 
 /* --precision bf16: GPT-2 under Ulysses, Llama under the ring, against the one-process bf16 runs */
 TEST(cp_bf16_follows_one_process)
@@ -370,6 +387,7 @@ int main(void)
     RUN(cp_with_zero3);
     RUN(cp_bf16_follows_one_process);
     RUN(gpt_cp_dropout_equals_one_process);
+    RUN(llama_cp_dropout_equals_one_process);
     RUN(config_sequence_parallel_size);
     RUN(cp_checkpoint_resumes_in_one_process);
     cli_cleanup();
