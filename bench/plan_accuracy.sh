@@ -6,11 +6,12 @@
 #   PHASE=2 bench/plan_accuracy.sh DTRAIN OUTDIR    # compare again (a new planner, same runs)
 #
 # Trains GPT-2 124M (seq 32, global batch 4, AdamW, STEPS steps, default 4)
-# in 13 layouts on 2, 4 and 8 ranks, with --plan auto on 2 and 4 ranks among
-# them; gpt2-large (774M, STEPS_BIG steps, default 3) in 5 layouts (ZeRO-3
+# in 14 layouts on 2, 4 and 8 ranks (cp 2 among them), with --plan auto on 2
+# and 4 ranks; gpt2-large (774M, STEPS_BIG steps, default 3) in 5 layouts (ZeRO-3
 # on 2 and 4 ranks, 2 and 4 pipeline stages, 2-way tp) and --plan auto on 2
-# ranks; llama-100m (seq 32, its own 32000-token data) with DDP, tp 2 and
-# --plan auto on 2 ranks. BIG=0 leaves gpt2-large out (it needs about 14 GiB
+# ranks; llama-100m (seq 32, its own 32000-token data) with DDP, tp 2, cp 2 and
+# --plan auto on 2 ranks, and one sequence of 1024 tokens a step split over 2
+# ranks by tp or by cp (3 steps). BIG=0 leaves gpt2-large out (it needs about 14 GiB
 # of memory). ZeRO-2/3 runs wrap each block as a unit (--wrap-min-params, as
 # --plan auto does). Each run's --metrics end record gives the measured peak
 # RSS (the largest rank's), the median step's wall time and step_cpu_ms: the
@@ -31,7 +32,7 @@
 # e.g. ONLY='z3' for the ZeRO-3 rows; the calibrations of models no chosen
 # run uses are skipped.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,34p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,33p "$0"; exit 2; }
 DT=$(readlink -f "$1")
 OUT=${2:-$(mktemp -d)}
 STEPS=${STEPS:-4}
@@ -58,19 +59,21 @@ PYEOF
 ! want g2- || "$DT" plan --model gpt2 --seq 32 --world 2 --global-batch 4 >/dev/null
 [ "$BIG" = 0 ] || ! want lg- || "$DT" plan --model gpt2-large --seq 32 --world 2 --global-batch 2 >/dev/null
 ! want l100- || "$DT" plan --model llama-100m --seq 32 --world 2 --global-batch 4 >/dev/null
+! want l100L- || "$DT" plan --model llama-100m --seq 1024 --world 2 --global-batch 1 >/dev/null
 : >>"$OUT/runs.txt"
-run() { # NAME MODEL N BATCH STEPS FLAGS... (a run already in OUTDIR/runs.txt is kept: rerun to resume)
-    local name=$1 model=$2 n=$3 batch=$4 steps=$5
+run() { # NAME MODEL N BATCH STEPS FLAGS... (a run already in OUTDIR/runs.txt is kept: rerun to resume);
+       # RUN_SEQ=T for another sequence length than 32
+    local name=$1 model=$2 n=$3 batch=$4 steps=$5 seq=${RUN_SEQ:-32}
     shift 5
     want "$name" || return 0
     grep -q "^$name " "$OUT/runs.txt" && return 0
     local m="$OUT/$name.jsonl" tok=tok.bin
     [ "${model#llama}" = "$model" ] || tok=tok32k.bin
     rm -f "$m"
-    if /usr/bin/time -f "%e %U %S" -o "$OUT/$name.time" "$DT" run -n "$n" -- "$DT" train --model "$model" --seq 32 \
+    if /usr/bin/time -f "%e %U %S" -o "$OUT/$name.time" "$DT" run -n "$n" -- "$DT" train --model "$model" --seq "$seq" \
         --data "tokens:$OUT/$tok" --batch "$batch" --optimizer adamw --lr 1e-4 --max-steps "$steps" --no-eval \
         --rng philox --mfu-peak 1 --metrics "$m" "$@" >"$OUT/$name.log" 2>&1; then
-        echo "$name $model $n $batch $*" >>"$OUT/runs.txt"
+        echo "$name $model $n $batch --seq $seq $*" >>"$OUT/runs.txt"
         echo "$name: done"
     else
         echo "$name: failed (see $OUT/$name.log)"
@@ -92,6 +95,11 @@ run g2-dp8-z3 gpt2 8 1 "$STEPS" --zero 3 --wrap-min-params 7000000
 run l100-dp2 llama-100m 2 2 "$STEPS"
 run l100-auto2 llama-100m 2 2 "$STEPS" --plan auto
 run l100-tp2 llama-100m 2 4 "$STEPS" --tp 2
+run l100-cp2 llama-100m 2 4 "$STEPS" --cp 2
+run g2-cp2 gpt2 2 4 "$STEPS" --cp 2
+# one sequence of 1024 tokens a step (global batch 1): split over 2 ranks by heads (tp) or by positions (cp)
+RUN_SEQ=1024 run l100L-tp2 llama-100m 2 1 3 --tp 2
+RUN_SEQ=1024 run l100L-cp2 llama-100m 2 1 3 --cp 2
 if [ "$BIG" != 0 ]; then
 run lg-z3-2 gpt2-large 2 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
 run lg-z3-4 gpt2-large 4 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
@@ -116,43 +124,51 @@ for line in open(out + "/runs.txt"):
     n, batch = int(n), int(batch)
     log = open("%s/%s.log" % (out, name)).read()
     f = " ".join(flags)
+    g = lambda k, d: int(re.search(k + r" (\d+)", f).group(1)) if re.search(k + r" (\d+)", f) else d
+    seq = g("--seq", 32)  # runs.txt of an older script: 32
     if "--plan auto" in f:  # the layout it chose
-        m = re.search(r"--plan auto chose dp(\d+) tp(\d+) pp(\d+) zero(\d) (?:b(\d+)|mb(\d+)x(\d+)) ga(\d+)( ckpt)?", log)
-        dp, tp, pp, z = map(int, m.group(1, 2, 3, 4))
-        mbs = int(m.group(7) or 1)
-        b = int(m.group(5)) if m.group(5) else int(m.group(6)) * mbs
-        ga, ck = int(m.group(8)), bool(m.group(9))
+        m = re.search(r"--plan auto chose dp(\d+)(?: cp(\d+))? tp(\d+) pp(\d+) zero(\d) (?:b(\d+)|mb(\d+)x(\d+)) "
+                      r"ga(\d+)( ckpt)?", log)
+        dp, tp, pp, z = map(int, m.group(1, 3, 4, 5))
+        cp = int(m.group(2) or 1)
+        mbs = int(m.group(8) or 1)
+        b = int(m.group(6)) if m.group(6) else int(m.group(7)) * mbs
+        ga, ck = int(m.group(9)), bool(m.group(10))
     else:
-        g = lambda k, d: int(re.search(k + r" (\d+)", f).group(1)) if re.search(k + r" (\d+)", f) else d
-        tp, pp, z, ga = g("--tp", 1), g("--pp", 1), g("--zero", 0), g("--grad-accum", 1)
-        dp = n // tp // pp
+        tp, pp, z, ga, cp = g("--tp", 1), g("--pp", 1), g("--zero", 0), g("--grad-accum", 1), g("--cp", 1)
+        dp = n // tp // pp // cp
         mbs = g("--micro-batches", 4) if pp > 1 else 1
         b, ck = batch, "--activation-checkpointing" in f
     gb = dp * b * ga
     end = [json.loads(l) for l in open("%s/%s.jsonl" % (out, name)) if '"end"' in l][-1]
-    key = (model, n, gb)
+    key = (model, n, gb, seq)
     if key not in plans:
-        r = subprocess.run([dt, "plan", "--model", model, "--seq", "32", "--world", str(n), "--global-batch",
+        r = subprocess.run([dt, "plan", "--model", model, "--seq", str(seq), "--world", str(n), "--global-batch",
                             str(gb), "--mem-per-rank", "1T", "--json"], capture_output=True, text=True, check=True)
         plans[key] = [json.loads(l) for l in r.stdout.splitlines()]
-    row = [r for r in plans[key] if (r["dp"], r["tp"], r["pp"], r["zero_stage"], r["batch"], r["micro_batches"],
-           r["grad_accum"], r["act_ckpt"], r["offload"], r["hybrid"]) == (dp, tp, pp, z, b, mbs, ga, ck, False, False)]
+    row = [r for r in plans[key] if (r["dp"], r.get("cp", 1), r["tp"], r["pp"], r["zero_stage"], r["batch"],
+           r["micro_batches"], r["grad_accum"], r["act_ckpt"], r["offload"], r["hybrid"]) ==
+           (dp, cp, tp, pp, z, b, mbs, ga, ck, False, False)]
     if not row:
-        print("| %s | no planner row for dp%d tp%d pp%d zero%d b%d m%d ga%d |" % (name, dp, tp, pp, z, b, mbs, ga))
+        print("| %s | no planner row for dp%d cp%d tp%d pp%d zero%d b%d m%d ga%d |" % (name, dp, cp, tp, pp, z, b, mbs,
+                                                                                    ga))
         continue
     r = row[0]
     pr, mr, pt, mt = r["mem_per_rank_bytes"], end["peak_rss_bytes"], r["step_ms"], end["step_ms"]
     cpu = end.get("step_cpu_ms", 0)
     norm = cpu / cores  # the step with the machine's cores to itself
     got = cpu / mt
-    lay = "dp%d tp%d pp%d zero%d %s ga%d%s" % (dp, tp, pp, z, ("mb%dx%d" % (b // mbs, mbs)) if pp > 1 else "b%d" % b,
-                                              ga, " ckpt" if ck else "")
+    lay = "dp%d%s tp%d pp%d zero%d %s ga%d%s" % (dp, " cp%d" % cp if cp > 1 else "", tp, pp, z,
+                                                ("mb%dx%d" % (b // mbs, mbs)) if pp > 1 else "b%d" % b, ga,
+                                                " ckpt" if ck else "")
+    if seq != 32:
+        lay += " (seq %d)" % seq
     print("| %s | %s | %d | %s | %.0f | %.0f | %+.1f%% | %.0f | %.2f | %.0f | %.0f | %+.1f%% | %+.1f%% |" % (
         name, model, n, lay, mr / 2**20, pr / 2**20, 100 * (pr / mr - 1), mt, got, norm, pt,
         100 * (pt / mt - 1), 100 * (pt / norm - 1) if norm > 0 else 0))
-    best.setdefault((model, n, gb), []).append((norm, mt, name, "--plan auto" in f))
+    best.setdefault((model, n, gb, seq), []).append((norm, mt, name, "--plan auto" in f))
 print()
-for (model, n, gb), v in sorted(best.items()):
+for (model, n, gb, seq), v in sorted(best.items()):
     auto = [x for x in v if x[3]]
     if not auto:
         continue

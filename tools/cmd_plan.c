@@ -1,4 +1,4 @@
-/* dtrain plan — which layout to run: dp x tp x pp x ZeRO x micro-batches x
+/* dtrain plan — which layout to run: dp x cp x tp x pp x ZeRO x micro-batches x
  * recomputation, ranked by predicted step time within the memory per rank
  * (plan.h, dt_plan_search), for the GPT-2 and Llama models (zoo or hf:DIR).
  *
@@ -222,13 +222,13 @@ int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype
 void dt__plan_row_json(FILE *f, const dt_plan_prediction *r, int rank)
 {
     const dt_plan_layout *l = &r->layout;
-    fprintf(f, "{\"rank\":%d,\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d,\"hybrid\":%s,\"batch\":%lld,"
-               "\"micro_batches\":%d,\"grad_accum\":%d,\"act_ckpt\":%s,\"offload\":%s,\"mem_per_rank_bytes\":%.0f,"
+    fprintf(f, "{\"rank\":%d,\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d,\"hybrid\":%s,"
+               "\"batch\":%lld,\"micro_batches\":%d,\"grad_accum\":%d,\"act_ckpt\":%s,\"offload\":%s,\"mem_per_rank_bytes\":%.0f,"
                "\"state_bytes\":%.0f,\"gathered_bytes\":%.0f,\"buffer_bytes\":%.0f,\"act_bytes\":%.0f,\"base_bytes\":%.0f,"
                "\"step_ms\":%.3f,\"compute_ms\":%.3f,\"bubble_ms\":%.3f,\"comm_ms\":%.3f,\"optim_ms\":%.3f,"
                "\"feasible\":%s,\"reason\":\"",
-            rank, l->dp, l->tp, l->pp, l->zero_stage, l->hybrid ? "true" : "false", (long long)l->batch,
-            l->micro_batches, l->grad_accum, l->act_ckpt ? "true" : "false", l->offload ? "true" : "false",
+            rank, l->dp, l->cp > 1 ? l->cp : 1, l->tp, l->pp, l->zero_stage, l->hybrid ? "true" : "false",
+            (long long)l->batch, l->micro_batches, l->grad_accum, l->act_ckpt ? "true" : "false", l->offload ? "true" : "false",
             r->mem_bytes, r->state_bytes, r->gathered_bytes, r->buffer_bytes, r->act_bytes, r->base_bytes, r->step_s * 1e3,
             r->compute_s * 1e3, r->bubble_s * 1e3, r->comm_s * 1e3, r->optim_s * 1e3, r->feasible ? "true" : "false");
     for (const char *s = r->reason; *s; s++) /* the library's text: printable ASCII; escape quotes anyway */
@@ -257,9 +257,10 @@ static void usage(FILE *f)
             "usage: dtrain plan --world N [--model gpt2] [--seq 128] [--mem-per-rank BYTES] [--global-batch B]\n"
             "                   [--precision fp32|bf16] [--json] [--all] [--calib FILE] [--recalibrate]\n"
             "\n"
-            "Lists the layouts of a GPT-2 or Llama model on N ranks of this machine (dp x tp x pp, ZeRO stage\n"
-            "0-3 and hybrid, gradient accumulation or pipeline micro-batches, activation checkpointing,\n"
-            "optimizer offload), each with its predicted peak memory per rank and step time, feasible\n"
+            "Lists the layouts of a GPT-2 or Llama model on N ranks of this machine (dp x cp x tp x pp:\n"
+            "context parallelism as ring attention; ZeRO stage 0-3 and hybrid, gradient accumulation or\n"
+            "pipeline micro-batches, activation checkpointing, optimizer offload), each with its predicted\n"
+            "peak memory per rank and step time, feasible\n"
             "ones fastest first, then infeasible ones with the reason.\n"
             "\n"
             "  --world N            ranks (required)\n"

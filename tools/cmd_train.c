@@ -442,7 +442,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
         goto out;
     if (t->metrics_open) /* the planner's prediction for this layout, beside the measured figures */
         dt__train_predict(&t->o, t->ddp.world, t->ddp.tp > 1 ? t->ddp.tp : 1, t->ddp.pp > 1 ? t->ddp.pp : 1,
-                          t->ddp.stage, &t->measured.predicted_peak_rss_bytes, &t->measured.predicted_step_ms);
+                          t->ddp.cp > 1 ? t->ddp.cp : 1, t->ddp.stage, &t->measured.predicted_peak_rss_bytes,
+                          &t->measured.predicted_step_ms);
     dt_trainer_free(t->tr); /* writes this rank's timeline (--trace) */
     t->tr = NULL;
     if ((rc = dt__tr_trace_merge(t)))

@@ -166,7 +166,8 @@ int dt__train_plan_auto(dt__train_opts *o);
  * resident bytes per rank) and *step_ms, both 0 when the planner does not
  * know the model (not a GPT-2 zoo model as named) or DT_PLAN_PREDICT=0.
  * Calibrates in this process when the cache has no figures. Returns 0. */
-int dt__train_predict(const dt__train_opts *o, int dp, int tp, int pp, int zero_stage, double *rss, double *step_ms);
+int dt__train_predict(const dt__train_opts *o, int world, int tp, int pp, int cp, int zero_stage, double *rss,
+                      double *step_ms);
 /* train_config.c: the config of --config FILE (if any), the flags given
  * on the command line over it, AIAK_* over both (src/config/); then the
  * options the command reads (batch, accumulation, stage, precision, ...)

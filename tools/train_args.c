@@ -180,8 +180,8 @@ static const opt_def opts[] = {
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the matmul peak at start, in bf16 for --precision bf16, else f32)"},
     {"plan", OPT_CHOICE, OFF(plan), 0, 0, "auto", "auto",
-     "GPT-2 and Llama models: the planner (dtrain plan) picks dp x tp x pp, the ZeRO stage, micro-batches, gradient "
-     "accumulation and activation checkpointing for the ranks started, keeping the global batch of --batch x "
+     "GPT-2 and Llama models: the planner (dtrain plan) picks dp x cp x tp x pp, the ZeRO stage, micro-batches, "
+     "gradient accumulation and activation checkpointing for the ranks started, keeping the global batch of --batch x "
      "ranks, within MemTotal / ranks (DT_PLAN_MEM_PER_RANK=BYTES for less); prints the chosen layout and the "
      "runner-up. Not with a layout flag (--dp --tp --pp --cp --zero --fsdp --micro-batches --grad-accum "
      "--activation-checkpointing --offload); the config's \"dtrain\": {\"plan\": \"auto\"} is the same"},

@@ -206,9 +206,25 @@ int dt__train_plan_auto(dt__train_opts *o)
         dt_free(rows);
         return 2;
     }
+    if (o->sample_every && rows[0].layout.cp > 1) { /* generation runs on one rank: no context parallelism */
+        int k = 1;
+        while (k < n && rows[k].feasible && rows[k].layout.cp > 1)
+            k++;
+        if (k == n || !rows[k].feasible) {
+            dt__cli_err("dtrain train: --plan auto: every layout of %s on %d ranks that fits %.2f GiB per rank splits "
+                        "the sequence (context parallelism), which --sample-every does not combine with\n", o->model,
+                        world, mem / (1024.0 * 1024 * 1024));
+            dt_free(rows);
+            return 2;
+        }
+        const dt_plan_prediction keep = rows[k];
+        memmove(rows + 1, rows, sizeof *rows * (size_t)k);
+        rows[0] = keep;
+    }
     const dt_plan_layout *l = &rows[0].layout;
     static const char *const stages[4] = {"0", "1", "2", "3"};
     o->dp = l->dp, o->tp = l->tp, o->pp = l->pp;
+    o->cp = l->cp > 1 ? l->cp : 0; /* ring attention with the causal balance, as predicted (their defaults) */
     o->zero = stages[l->zero_stage & 3];
     o->fsdp = l->hybrid ? "hybrid_shard" : NULL;
     if (l->hybrid)
@@ -251,7 +267,8 @@ int dt__train_plan_auto(dt__train_opts *o)
     return dt__train_check(o);
 }
 
-int dt__train_predict(const dt__train_opts *o, int dp, int tp, int pp, int zero_stage, double *rss, double *step_ms)
+int dt__train_predict(const dt__train_opts *o, int world, int tp, int pp, int cp, int zero_stage, double *rss,
+                      double *step_ms)
 {
     *rss = *step_ms = 0;
     int64_t seq = 0;
@@ -262,8 +279,10 @@ int dt__train_predict(const dt__train_opts *o, int dp, int tp, int pp, int zero_
     if (calib_for(o, seq, false, false, &c))
         return 0; /* said why; the end record goes without a prediction */
     dt_plan_search_params sp;
-    layout_params(o, dp * tp * pp, seq, &sp);
-    dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero_stage = zero_stage,
+    layout_params(o, world, seq, &sp);
+    const int mp = tp * pp * cp; /* the replicas: the world over the model's parallel degrees */
+    dt_plan_layout l = {.dp = mp > 0 && world % mp == 0 ? world / mp : 1, .cp = cp, .tp = tp, .pp = pp,
+                        .zero_stage = zero_stage,
                         .hybrid = o->fsdp && !strcmp(o->fsdp, "hybrid_shard"), .batch = o->batch,
                         .micro_batches = pp > 1 ? (int)(o->micro_batches ? o->micro_batches : 4) : 1,
                         .grad_accum = (int)(o->grad_accum > 0 ? o->grad_accum : 1), .act_ckpt = o->act_ckpt,

@@ -227,7 +227,7 @@ DT_API void dt_plan_free(dt_plan *pl);
 
 /* ---- prediction: which layout to run (src/plan/predict.c, search.c) -------------
  *
- * dt_plan_search answers "which dp x tp x pp x ZeRO x micro-batches x
+ * dt_plan_search answers "which dp x cp x tp x pp x ZeRO x micro-batches x
  * recomputation should I run on N ranks within M bytes per rank": it
  * enumerates the layouts of a GPT-2 or Llama model (zoo or hf:DIR) for a global batch, predicts
  * each one's peak resident memory per rank and its step time, ranks the
@@ -270,7 +270,8 @@ DT_API void dt_plan_free(dt_plan *pl);
  * shared-memory pages a rank reads: DDP's gradients, ZeRO-1/2's units'
  * whole parameters and gradients, ZeRO-3's staging areas) + activations of the
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
- * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
+ * m) from the measured bytes per token (context parallelism: a rank keeps
+ * seq / cp of them). Step time = compute (per-token core-seconds x
  * tokens plus the fixed cost of each pass (micro-batch, accumulated
  * forward), split over tp and pp, the pipeline bubble (pp - 1) / m of the
  * stage's work, ranks sharing the machine's cores: a rank's threads are
@@ -281,7 +282,10 @@ DT_API void dt_plan_free(dt_plan *pl);
  * scatter per unit, ZeRO-3's gathers (forward; backward again but the root
  * unit) and reduce-scatters per unit at the all-gather and reduce-scatter
  * curves, the units as wrap_min_params groups
- * the blocks, a pipeline's sends) + the optimizer
+ * the blocks, a pipeline's sends, context parallelism's ring: per block
+ * and pass cp - 1 steps that pass a chunk's keys and values forward and
+ * keys, values and their gradients backward, in f32, the gradients reduced
+ * over dp x cp) + the optimizer
  * step over the rank's shard. Among the feasible layouts predicted within
  * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
  * tensor or pipeline parallelism; no checkpointing or accumulation before
@@ -392,7 +396,10 @@ DT_API dt_status dt_plan_calib_load(const char *path, const char *model, int64_t
 
 /* One layout of a run. */
 typedef struct dt_plan_layout {
-    int dp, tp, pp;           /* degrees; dp x tp x pp = the world */
+    int dp, tp, pp;           /* degrees; dp x cp x tp x pp = the world */
+    int cp;                   /* context-parallel ranks per replica (ring attention, the causal load
+                                 balance: the sequence in 2 cp chunks); 0 or 1: none. Not with pp or
+                                 offload */
     int zero_stage;           /* 0 (DDP) .. 3; with tp or pp > 1: 0 or 1 */
     bool hybrid;              /* ZeRO-3 sharded within each machine only (FSDP HYBRID_SHARD) */
     int64_t batch;            /* samples per rank per forward (--batch; with pp: the whole batch a
@@ -453,8 +460,9 @@ typedef struct dt_plan_prediction {
 DT_API dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c, const dt_plan_layout *l,
                                  dt_plan_prediction *out);
 
-/* Every layout of p (dp x tp x pp = world, tp dividing the heads, pp at
- * most the blocks; ZeRO 0-3 and hybrid; batch split into gradient
+/* Every layout of p (dp x cp x tp x pp = world, tp dividing the heads, pp at
+ * most the blocks, cp without pp and dividing the sequence into 2 cp
+ * chunks; ZeRO 0-3 and hybrid; batch split into gradient
  * accumulation (1, 2, 4, ... up to max_grad_accum) or pipeline micro-
  * batches (pp .. 4 pp, dividing the replica's samples); checkpointing off
  * and on; offload off and on), predicted: *out (malloc'd; dt_free) holds *n

@@ -62,7 +62,10 @@ const char *dt_plan_layout_str(const dt_plan_layout *l, char *buf, size_t n)
                  l->micro_batches);
     else
         snprintf(mb, sizeof mb, "b%lld", (long long)l->batch);
-    snprintf(buf, n, "dp%d tp%d pp%d zero%d%s %s ga%d%s%s", l->dp, l->tp, l->pp, l->zero_stage,
+    char cpx[16] = ""; /* context parallelism, only where there is some */
+    if (l->cp > 1)
+        snprintf(cpx, sizeof cpx, " cp%d", l->cp);
+    snprintf(buf, n, "dp%d%s tp%d pp%d zero%d%s %s ga%d%s%s", l->dp, cpx, l->tp, l->pp, l->zero_stage,
              l->hybrid ? " hybrid" : "", mb, l->grad_accum, l->act_ckpt ? " ckpt" : "", l->offload ? " offload" : "");
     return buf;
 }
@@ -144,14 +147,23 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     out->layout = *l;
     out->feasible = true;
     const int dp = l->dp > 0 ? l->dp : 1, tp = l->tp > 0 ? l->tp : 1, pp = l->pp > 0 ? l->pp : 1;
+    const int cp = l->cp > 1 ? l->cp : 1, red = dp * cp; /* the gradients reduce over dp x cp ranks */
     const int m = pp > 1 && l->micro_batches > 0 ? l->micro_batches : 1, ga = l->grad_accum > 0 ? l->grad_accum : 1;
     const int world = p->world, local = p->ranks_per_machine > 0 ? p->ranks_per_machine : world;
     const double cores = p->cores > 0 ? p->cores : (c->cores > 0 ? c->cores : 1);
-    const double L = (double)c->n_layer, T = (double)c->seq;
+    const double L = (double)c->n_layer, T = (double)c->seq, Tr = T / cp; /* a rank's positions of a sample */
 
     /* rules of the layout itself (plan.h's) */
-    if (dp * tp * pp != world)
+    if (cp == 1 && dp * tp * pp != world)
         infeasible(out, "dp %d x tp %d x pp %d is %d, not the world %d", dp, tp, pp, dp * tp * pp, world);
+    if (cp > 1 && dp * cp * tp * pp != world)
+        infeasible(out, "dp %d x cp %d x tp %d x pp %d is %d, not the world %d", dp, cp, tp, pp, dp * cp * tp * pp,
+                   world);
+    if (cp > 1 && pp > 1)
+        infeasible(out, "context parallelism (cp %d) does not combine with pipeline parallelism", cp);
+    if (cp > 1 && c->seq % (2 * cp))
+        infeasible(out, "the sequence of %lld does not split into the 2 x cp %d chunks of the causal load balance",
+                   (long long)c->seq, cp);
     if (c->n_head % tp)
         infeasible(out, "tp %d does not divide the %lld heads", tp, (long long)c->n_head);
     if (c->n_kv_head > 0 && c->n_kv_head % tp)
@@ -168,6 +180,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         infeasible(out, "hybrid sharding on one machine is full sharding (listed without hybrid)");
     if (l->offload && (l->zero_stage < 1 || tp > 1 || pp > 1))
         infeasible(out, "optimizer offload needs ZeRO 1-3 without tp or pp");
+    if (l->offload && cp > 1)
+        infeasible(out, "optimizer offload does not combine with context parallelism");
     if (l->offload && !p->offload_dir)
         infeasible(out, "optimizer offload needs an NVMe directory (--offload nvme:DIR)");
     if (pp > 1 && (m < 1 || l->batch % m))
@@ -179,7 +193,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
                    (long long)p->global_batch);
 
     /* ---- memory of the busiest rank ---- */
-    const int shard_dp = l->hybrid ? (local < dp ? local : dp) : dp; /* ranks a ZeRO state is sharded over */
+    const int shard_dp = l->hybrid ? (local < red ? local : red) : red; /* ranks a ZeRO state is sharded over */
     /* stages balanced by compute: the head's cost sits on the last stage, so the others take more
        blocks; the first holds the most parameters (its blocks, the embeddings with their optimizer
        state), the last keeps the logits */
@@ -241,11 +255,11 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        vocabulary-parallel head splits the logits */
     const double blk = l->act_ckpt ? c->act_block_ckpt : c->act_block;
     const double one_blk = l->act_ckpt ? c->act_block : 0; /* the block being recomputed */
-    double act_first = mb * T * (pp > 1 ? (double)(pp < m ? pp : m) : 1.0) * blocks_rank * blk;
-    double act_last = mb * T * (blocks_last * blk + c->act_fixed / tp);
+    double act_first = mb * Tr * (pp > 1 ? (double)(pp < m ? pp : m) : 1.0) * blocks_rank * blk;
+    double act_last = mb * Tr * (blocks_last * blk + c->act_fixed / tp);
     if (pp == 1)
         act_first = 0;
-    double act = (act_first > act_last ? act_first : act_last) + mb * T * one_blk;
+    double act = (act_first > act_last ? act_first : act_last) + mb * Tr * one_blk;
     out->act_bytes = act;
     out->base_bytes = c->base_rss;
     /* What dtrain's strategies hold beyond the state (measured on GPT-2 124M, 2 ranks; see plan.h):
@@ -253,13 +267,13 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        ZeRO-1 and -2 read the peers' pages of the units' whole parameters and gradients (the model's
        own flats are handed back once the units hold everything: measured ZeRO-1 2033 MiB, ZeRO-2
        2038, against DDP's 2276; ZeRO-2's whole gradient buffers are all alive at backward's end) */
-    const double whole_p = pb * numel_rank, whole_g = pb * numel_rank, peers = (double)(dp - 1) / dp;
+    const double whole_p = pb * numel_rank, whole_g = pb * numel_rank, peers = (double)(red - 1) / red;
     if (pp > 1) /* the pipe strategy reduces the stages' gradients through its own buffers (measured:
                    dp 2 x pp 2 within 1% without the term) */
         out->buffer_bytes = 0;
-    else if (dp > 1 && l->zero_stage == 0)
+    else if (red > 1 && l->zero_stage == 0)
         out->buffer_bytes = peers * e.grads;
-    else if (dp > 1 && (l->zero_stage == 1 || l->zero_stage == 2))
+    else if (red > 1 && (l->zero_stage == 1 || l->zero_stage == 2))
         out->buffer_bytes = peers * (whole_p + whole_g);
     else if (shard_dp > 1 && l->zero_stage == 3)
         out->buffer_bytes = zero3_staging(shard_dp, pb * zero3_largest);
@@ -288,8 +302,10 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        +19% and +55%); the vocabulary-parallel embedding, head and loss split their tokens' cost */
     const double tok_rep = c->repl_block_s < tok_blk ? c->repl_block_s : tok_blk;
     const double tok_blk_rank = (tok_blk - tok_rep) / tp + tok_rep; /* a tp rank's share of a block */
-    const double replica_blocks = samples_replica * T * L * tok_blk_rank; /* one tp rank's, split over pp */
-    const double replica_fixed = samples_replica * T * tok_fix / tp;
+    /* context parallelism: a rank's rows (Tr of each sample) at the cost per token measured over the whole
+       sequence (each row still attends to every earlier position: the balance gives each rank its share) */
+    const double replica_blocks = samples_replica * Tr * L * tok_blk_rank; /* one tp (and cp) rank's, over pp */
+    const double replica_fixed = samples_replica * Tr * tok_fix / tp;
     const double replica_pass = passes * (L * pass_blk + pass_fix) / tp;
     /* a rank's threads (cores / ranks) cost more core-seconds than one does (calibrated at 1 and at
        c->threads threads, interpolated) */
@@ -310,7 +326,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        (free page reporting; a probe re-faults them at 0.5-1 GB/s, against 25-35 at once), and the pool
        changes which pages are free for how long */
     double fresh = 0;
-    if (dp > 1 && l->zero_stage >= 2)
+    if (red > 1 && l->zero_stage >= 2)
         fresh = 4.0 * numel_rank;
     const double bw4k = c->fault_bw > 0 ? c->fault_bw : 4e9;
     const double fault_rate = l->zero_stage == 2 && c->fault_huge_bw > 0 ? c->fault_huge_bw : bw4k;
@@ -326,7 +342,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     /* the trainer's non-finite scan reads the gradients the rank steps once a step (no loss scaler in a
        planned run: it always runs) */
     const double opt_work = opt_params * (c->optim_s * streams / 7 + c->nonfinite_s);
-    const double machine_work = tcost * (double)dp * tp * (replica_blocks + replica_fixed + replica_pass) +
+    const double machine_work = tcost * (double)dp * cp * tp * (replica_blocks + replica_fixed + replica_pass) +
                                 (double)local * (opt_work + fault_work);
     const double t_compute_rank = critical / per_rank_cores, t_machine = machine_work / cores;
     const double t_opt = opt_work / per_rank_cores;
@@ -343,8 +359,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double bw = c->coll_bw > 0 ? c->coll_bw : 1e9, lat = c->coll_lat_s > 0 ? c->coll_lat_s : 20e-6;
     double vol = 0, calls = 0, t_zero3 = 0;
     const double grad_bytes = numel_rank * pb;
-    if (dp > 1) {
-        double ring = 2.0 * (dp - 1) / dp * grad_bytes;
+    if (red > 1) {
+        double ring = 2.0 * (red - 1) / red * grad_bytes;
         /* ZeRO-2/3's units as the run wraps them (wrap_min_params: blocks grouped until they reach it;
            the embeddings and the rest the root unit) */
         double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / c->numel_block) : blocks_rank;
@@ -356,10 +372,10 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         else if (l->zero_stage == 2) /* a reduce-scatter per unit per pass; the updated shards gathered once */
             vol += ring / 2 * (ga + 1), calls += ga * units + 1;
         else
-            t_zero3 = ga * zero3_pass_comm(c, dp, pb, numel_rank, units > 1 ? blocks_rank * c->numel_block / tp : 0,
+            t_zero3 = ga * zero3_pass_comm(c, red, pb, numel_rank, units > 1 ? blocks_rank * c->numel_block / tp : 0,
                                            units);
     }
-    const double act_mb = mb * T * (double)c->n_embd * 4.0;
+    const double act_mb = mb * Tr * (double)c->n_embd * 4.0;
     if (tp > 1) { /* per pass: two all-reduces per block forward (attention's and the MLP's outputs), two
                      backward (their inputs' gradients), the vocabulary-parallel embedding's one and the
                      loss's two (max, then sum) forward, the head input's one backward */
@@ -369,6 +385,13 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     if (pp > 1) {
         vol += 2.0 * act_mb * m * ga;
         calls += 2.0 * m * ga;
+    }
+    if (cp > 1) { /* the ring, per block and pass (in f32, the rank's heads): cp - 1 steps pass a chunk's keys and
+                     values forward (again when recomputed), cp - 1 its keys, values and their gradients backward
+                     and one more the gradients home; and the loss's all-reduce */
+        const double kv = 2.0 * act_mb / tp, fwd = (cp - 1) * kv * (l->act_ckpt ? 2 : 1);
+        vol += blocks_rank * (fwd + 2.0 * (cp - 1) * kv + kv) * m * ga;
+        calls += (blocks_rank * ((cp - 1) * (l->act_ckpt ? 3.0 : 2.0) + 1) + 1) * m * ga;
     }
     double t_comm = vol / bw + calls * lat + t_zero3;
     if (local > cores)
@@ -429,7 +452,8 @@ static int complexity(const dt_plan_layout *l)
     int ga = 0;
     for (int g = l->grad_accum; g > 1; g >>= 1)
         ga++;
-    return 4 * (l->tp > 1) + 4 * (l->pp > 1) + l->zero_stage + 2 * l->act_ckpt + ga + 3 * l->offload + l->hybrid;
+    return 4 * (l->tp > 1) + 4 * (l->pp > 1) + 4 * (l->cp > 1) + l->zero_stage + 2 * l->act_ckpt + ga +
+           3 * l->offload + l->hybrid;
 }
 
 static int cmp_simple(const void *a, const void *b)
@@ -456,46 +480,53 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
     const int maxga = q.max_grad_accum > 0 ? q.max_grad_accum : 1;
     rows r = {0};
     dt_status st = DT_OK;
-    for (int tp = 1; tp <= q.world && st >= 0; tp++) {
-        if (q.world % tp)
+    /* cp: the degrees that divide the world and split the sequence into 2 cp chunks, without pp (the others'
+       rows would only repeat the rules) */
+    for (int cp = 1; cp <= q.world && st >= 0; cp++) {
+        if (q.world % cp || (cp > 1 && c->seq % (2 * cp)))
             continue;
-        for (int pp = 1; pp * tp <= q.world && st >= 0; pp++) {
-            if ((q.world / tp) % pp)
+        for (int tp = 1; tp * cp <= q.world && st >= 0; tp++) {
+            if ((q.world / cp) % tp)
                 continue;
-            const int dp = q.world / tp / pp;
-            const int64_t per_replica = q.global_batch / dp;
-            for (int zero = 0; zero <= 3 && st >= 0; zero++) {
-                for (int hy = 0; hy <= (zero == 3) && st >= 0; hy++) {
-                    for (int ck = 0; ck <= 1 && st >= 0; ck++) {
-                        for (int off = 0; off <= (zero >= 1) && st >= 0; off++) {
-                            dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero_stage = zero, .hybrid = hy,
-                                                .act_ckpt = ck, .offload = off, .micro_batches = 1, .grad_accum = 1,
-                                                .wrap_min_params = zero >= 2 ? (int64_t)c->numel_block : 0};
-                            if (q.global_batch % dp) { /* the batch does not split over the replicas */
-                                l.batch = per_replica > 0 ? per_replica : 1;
-                                st = push(&r, &q, c, &l);
-                                continue;
-                            }
-                            if (pp > 1) { /* micro-batches pp, 2 pp, 4 pp (or what divides the batch) */
-                                int tried = 0;
-                                for (int mm = pp; mm <= 4 * pp && st >= 0; mm *= 2) {
-                                    if (per_replica % mm)
-                                        continue;
-                                    l.batch = per_replica, l.micro_batches = mm;
+            for (int pp = 1; pp * tp * cp <= q.world && st >= 0; pp++) {
+                if ((q.world / cp / tp) % pp || (cp > 1 && pp > 1))
+                    continue;
+                const int dp = q.world / cp / tp / pp;
+                const int64_t per_replica = q.global_batch / dp;
+                for (int zero = 0; zero <= 3 && st >= 0; zero++) {
+                    for (int hy = 0; hy <= (zero == 3) && st >= 0; hy++) {
+                        for (int ck = 0; ck <= 1 && st >= 0; ck++) {
+                            for (int off = 0; off <= (zero >= 1) && st >= 0; off++) {
+                                dt_plan_layout l = {.dp = dp, .cp = cp, .tp = tp, .pp = pp, .zero_stage = zero,
+                                                    .hybrid = hy, .act_ckpt = ck, .offload = off,
+                                                    .micro_batches = 1, .grad_accum = 1,
+                                                    .wrap_min_params = zero >= 2 ? (int64_t)c->numel_block : 0};
+                                if (q.global_batch % dp) { /* the batch does not split over the replicas */
+                                    l.batch = per_replica > 0 ? per_replica : 1;
                                     st = push(&r, &q, c, &l);
-                                    tried++;
-                                }
-                                if (!tried && st >= 0) { /* the reason names the split */
-                                    l.batch = per_replica, l.micro_batches = pp;
-                                    st = push(&r, &q, c, &l);
-                                }
-                                continue;
-                            }
-                            for (int ga = 1; ga <= maxga && st >= 0; ga *= 2) {
-                                if (per_replica % ga)
                                     continue;
-                                l.batch = per_replica / ga, l.grad_accum = ga;
-                                st = push(&r, &q, c, &l);
+                                }
+                                if (pp > 1) { /* micro-batches pp, 2 pp, 4 pp (or what divides the batch) */
+                                    int tried = 0;
+                                    for (int mm = pp; mm <= 4 * pp && st >= 0; mm *= 2) {
+                                        if (per_replica % mm)
+                                            continue;
+                                        l.batch = per_replica, l.micro_batches = mm;
+                                        st = push(&r, &q, c, &l);
+                                        tried++;
+                                    }
+                                    if (!tried && st >= 0) { /* the reason names the split */
+                                        l.batch = per_replica, l.micro_batches = pp;
+                                        st = push(&r, &q, c, &l);
+                                    }
+                                    continue;
+                                }
+                                for (int ga = 1; ga <= maxga && st >= 0; ga *= 2) {
+                                    if (per_replica % ga)
+                                        continue;
+                                    l.batch = per_replica / ga, l.grad_accum = ga;
+                                    st = push(&r, &q, c, &l);
+                                }
                             }
                         }
                     }

@@ -5,6 +5,10 @@
  *     288 layouts (dp x tp x pp combinations x ZeRO/hybrid/offload x
  *     checkpointing x batch splits), the feasible first, fastest first;
  *     every infeasible one with a reason and every feasible one without;
+ *   - context parallelism: a rank's activations and compute are those of
+ *     T / cp positions, the ring's volume per block and pass, its rules by
+ *     name, and the search's choice where one sample's activations do
+ *     not fit a rank;
  *   - reasons by name: ZeRO-2 with tp, tp not dividing the heads, hybrid on
  *     one machine, offload without a directory, a batch that does not split;
  *   - the memory model: DDP's state is 16 bytes per parameter (AdamW, f32)
@@ -67,7 +71,7 @@ static const dt_plan_prediction *find(const dt_plan_prediction *r, int n, int dp
 {
     for (int i = 0; i < n; i++) {
         const dt_plan_layout *l = &r[i].layout;
-        if (l->dp == dp && l->tp == tp && l->pp == pp && l->zero_stage == zero && l->hybrid == hy &&
+        if (l->cp <= 1 && l->dp == dp && l->tp == tp && l->pp == pp && l->zero_stage == zero && l->hybrid == hy &&
             l->act_ckpt == ck && l->offload == off && l->batch == batch && l->grad_accum == ga)
             return &r[i];
     }
@@ -83,8 +87,10 @@ TEST(enumeration_counts_and_order)
     int n = 0;
     ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
     /* (tp, pp) in (1,1) (1,2) (1,4) (2,1) (2,2) (4,1); 18 sharding x checkpointing choices each; batch
-       splits: dp4 ga 1,2; dp2 pp2 m 2,4; pp4 m 4,8; dp2 tp2 ga 1,2,4; tp2 pp2 m 2,4,8; tp4 ga 1,2,4,8 */
-    ASSERT_EQ_INT(n, 18 * (2 + 2 + 2 + 3 + 3 + 4));
+       splits: dp4 ga 1,2; dp2 pp2 m 2,4; pp4 m 4,8; dp2 tp2 ga 1,2,4; tp2 pp2 m 2,4,8; tp4 ga 1,2,4,8; and
+       context parallel (64 positions: 2 x cp chunks for cp 2 and 4; no pp): dp2 cp2 ga 1,2,4; cp2 tp2 ga
+       1,2,4,8; cp4 ga 1,2,4,8 */
+    ASSERT_EQ_INT(n, 18 * (2 + 2 + 2 + 3 + 3 + 4) + 18 * (3 + 4 + 4));
     int feasible = 0;
     for (int i = 0; i < n; i++) {
         ASSERT(r[i].feasible ? r[i].reason[0] == 0 : r[i].reason[0] != 0);
@@ -95,11 +101,74 @@ TEST(enumeration_counts_and_order)
             if (i && r[i - 1].step_s > r[i].step_s) /* only the simpler-first band breaks the time order */
                 ASSERT(r[i].step_s <= r[0].step_s * 1.05 + 1e-12 || r[i - 1].step_s <= r[0].step_s * 1.05);
             const dt_plan_layout *l = &r[i].layout;
-            ASSERT_EQ_INT(l->dp * l->tp * l->pp, 4);
+            ASSERT_EQ_INT(l->dp * (l->cp > 1 ? l->cp : 1) * l->tp * l->pp, 4);
             ASSERT_EQ_INT((int)(l->dp * l->batch * l->grad_accum), 8);
         }
     }
     ASSERT(feasible > 20 && feasible < n);
+    dt_free(r);
+}
+
+/* Context parallelism (ring attention, the causal balance): a rank keeps T / cp positions of each sample, so
+ * its activations and its compute per token are those of T / cp tokens (each row still attends to the whole
+ * sequence: the per-token cost measured at T); the gradients reduce over dp x cp ranks; the ring passes a
+ * chunk's keys and values (cp - 1 steps forward; keys, values and their gradients backward, one step more
+ * home) per block and pass. Not with pp; the sequence must split into 2 cp chunks. Where a sample's
+ * activations do not fit one rank and the global batch gives one replica, the search picks cp. */
+TEST(context_parallel)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2;
+    const dt_plan_layout one = {.dp = 1, .tp = 1, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout cp2 = one;
+    cp2.cp = 2;
+    dt_plan_prediction a, b;
+    dt_plan_search_params s1 = sp;
+    s1.world = 1, s1.cores = 1; /* a core a rank, as the 2 ranks of cp 2 on 2 cores */
+    ASSERT_OK(dt_plan_predict(&s1, &c, &one, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &cp2, &b));
+    ASSERT(a.feasible && b.feasible);
+    ASSERT_NEAR(b.act_bytes, 2 * 32 * (12 * c.act_block + c.act_fixed), 1, 0);
+    ASSERT_NEAR(b.act_bytes, a.act_bytes / 2, 1, 0);
+    ASSERT_NEAR(b.state_bytes, a.state_bytes, 1, 0); /* replicas of the parameters */
+    /* the ring's volume over the measured curve: 12 blocks x (1 forward + 3 backward) chunk transfers of k and
+       v (2 x 2 x 32 x 768 f32), the gradients' all-reduce over the 2 ranks, and their calls */
+    const double kv = 2.0 * 2 * 32 * 768 * 4, psi = 12 * c.numel_block + c.numel_fixed;
+    const double vol = 12 * 4 * kv + 2.0 * 1 / 2 * 4 * psi, calls = 12 * 3 + 1 + 1 + 3;
+    ASSERT_NEAR(b.comm_s, vol / c.coll_bw + calls * c.coll_lat_s, 0, 1e-9);
+    ASSERT_NEAR(b.compute_s, a.compute_s / 2, 0, 1e-9); /* half the tokens on each rank (no pass cost here) */
+    /* rules by name */
+    dt_plan_layout bad = {.dp = 1, .cp = 2, .tp = 1, .pp = 2, .batch = 2, .micro_batches = 2, .grad_accum = 1};
+    s1.world = 4;
+    ASSERT_OK(dt_plan_predict(&s1, &c, &bad, &a));
+    ASSERT(!a.feasible);
+    ASSERT_STR_CONTAINS(a.reason, "does not combine with pipeline parallelism");
+    c.seq = 36; /* 2 x cp 4 = 8 chunks do not divide it */
+    bad = (dt_plan_layout){.dp = 1, .cp = 4, .tp = 1, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    ASSERT_OK(dt_plan_predict(&s1, &c, &bad, &a));
+    ASSERT_STR_CONTAINS(a.reason, "does not split into the 2 x cp 4 chunks");
+    bad.cp = 2; /* dp 1 x cp 2 on 4 ranks */
+    ASSERT_OK(dt_plan_predict(&s1, &c, &bad, &a));
+    ASSERT_STR_CONTAINS(a.reason, "dp 1 x cp 2 x tp 1 x pp 1 is 2, not the world 4");
+    char buf[160];
+    ASSERT_STR_EQ(dt_plan_layout_str(&cp2, buf, sizeof buf), "dp1 cp2 tp1 pp1 zero0 b2 ga1");
+    /* one sample's activations over the limit of one rank: one replica (global batch 1), so the search picks
+       cp 2 (tensor parallelism keeps a block's activations whole; checkpointing recomputes) */
+    c = calib();
+    c.act_block = 4e6, c.act_block_ckpt = 2e6;
+    sp.global_batch = 1;
+    dt_plan_layout tp2 = {.dp = 1, .tp = 2, .pp = 1, .batch = 1, .micro_batches = 1, .grad_accum = 1};
+    cp2.batch = 1;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp2, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &cp2, &b));
+    sp.mem_per_rank = (size_t)((a.mem_bytes + b.mem_bytes) / 2);
+    dt_plan_prediction *r = NULL;
+    int n = 0;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    ASSERT(n > 0 && r[0].feasible);
+    ASSERT_EQ_INT(r[0].layout.cp, 2);
+    ASSERT(r[0].mem_bytes <= (double)sp.mem_per_rank);
     dt_free(r);
 }
 
@@ -668,6 +737,7 @@ int main(void)
 {
     RUN(enumeration_counts_and_order);
     RUN(reasons_by_name);
+    RUN(context_parallel);
     RUN(memory_model_and_limit);
     RUN(checkpointing_and_bubble);
     RUN(calib_file_round_trip);

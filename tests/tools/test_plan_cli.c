@@ -1,6 +1,6 @@
 /* dtrain plan and dtrain train --plan auto (tools/cmd_plan.c, train_plan.c):
- *   - --json: one object per layout (288 for gpt-micro on 4 ranks with the
- *     default global batch 8), ranked 1..n, with mem_per_rank_bytes,
+ *   - --json: one object per layout (486 for gpt-micro on 4 ranks with the
+ *     default global batch 8, 198 of them context parallel), ranked 1..n, with mem_per_rank_bytes,
  *     step_ms, the layout fields, feasible and reason; the feasible first;
  *   - a --mem-per-rank between DDP's and ZeRO-1's need (computed with the
  *     library on the same calibration file) refuses the DDP layout naming
@@ -98,13 +98,13 @@ TEST(json_shape)
         fprintf(stderr, "%s%s", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     int n = parse_lines(r.out, g_rows, 1024);
-    ASSERT_EQ_INT(n, 288);
-    bool seen_infeasible = false;
+    ASSERT_EQ_INT(n, 288 + 198); /* tests/plan/test_plan_search's count; the second term context parallel */
+    bool seen_infeasible = false, seen_cp = false;
     for (int i = 0; i < n; i++) {
         const cJSON *o = g_rows[i];
         ASSERT_EQ_INT((int)num(o, "rank"), i + 1);
-        static const char *const keys[] = {"dp", "tp", "pp", "zero_stage", "batch", "micro_batches", "grad_accum",
-                                           "mem_per_rank_bytes", "step_ms"};
+        static const char *const keys[] = {"dp", "cp", "tp", "pp", "zero_stage", "batch", "micro_batches",
+                                           "grad_accum", "mem_per_rank_bytes", "step_ms"};
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
             ASSERT(cJSON_IsNumber(cJSON_GetObjectItem(o, keys[k])));
         ASSERT(cJSON_IsBool(cJSON_GetObjectItem(o, "act_ckpt")) && cJSON_IsBool(cJSON_GetObjectItem(o, "offload")) &&
@@ -116,10 +116,11 @@ TEST(json_shape)
             seen_infeasible = true;
         else
             ASSERT(!seen_infeasible); /* feasible ones first */
-        ASSERT_EQ_INT((int)(num(o, "dp") * num(o, "tp") * num(o, "pp")), 4);
+        ASSERT_EQ_INT((int)(num(o, "dp") * num(o, "cp") * num(o, "tp") * num(o, "pp")), 4);
+        seen_cp |= num(o, "cp") > 1;
         ASSERT(num(o, "mem_per_rank_bytes") > 20e6 && num(o, "step_ms") > 0);
     }
-    ASSERT(seen_infeasible && cJSON_IsTrue(cJSON_GetObjectItem(g_rows[0], "feasible")));
+    ASSERT(seen_infeasible && seen_cp && cJSON_IsTrue(cJSON_GetObjectItem(g_rows[0], "feasible")));
     for (int i = 0; i < n; i++)
         cJSON_Delete(g_rows[i]);
 }
@@ -127,7 +128,8 @@ TEST(json_shape)
 static const cJSON *row(int n, int dp, int zero, int batch, bool ck)
 {
     for (int i = 0; i < n; i++)
-        if (num(g_rows[i], "dp") == dp && num(g_rows[i], "tp") == 1 && num(g_rows[i], "pp") == 1 &&
+        if (num(g_rows[i], "dp") == dp && num(g_rows[i], "cp") == 1 && num(g_rows[i], "tp") == 1 &&
+            num(g_rows[i], "pp") == 1 &&
             num(g_rows[i], "zero_stage") == zero && num(g_rows[i], "batch") == batch &&
             num(g_rows[i], "grad_accum") == 1 && cJSON_IsTrue(cJSON_GetObjectItem(g_rows[i], "act_ckpt")) == ck &&
             cJSON_IsFalse(cJSON_GetObjectItem(g_rows[i], "offload")) &&
@@ -155,7 +157,7 @@ TEST(mem_per_rank_refuses_by_name)
                         g_calib, NULL});
     ASSERT_EQ_INT(r.code, 0);
     int n = parse_lines(r.out, g_rows, 1024);
-    ASSERT_EQ_INT(n, 288);
+    ASSERT_EQ_INT(n, 288 + 198);
     const cJSON *a = row(n, 4, 0, 2, false), *b = row(n, 4, 1, 2, false);
     ASSERT(a && b);
     ASSERT(cJSON_IsFalse(cJSON_GetObjectItem(a, "feasible")));
@@ -169,7 +171,7 @@ TEST(mem_per_rank_refuses_by_name)
              (char *[]){"plan", "--model", "gpt-micro", "--world", "4", "--mem-per-rank", lim, "--calib", g_calib,
                         "--all", NULL});
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.out, "288 layouts:");
+    ASSERT_STR_CONTAINS(r.out, "486 layouts:");
     ASSERT_STR_CONTAINS(r.out, "rank  layout");
     ASSERT_STR_CONTAINS(r.out, "over --mem-per-rank");
     ASSERT_STR_CONTAINS(r.out, "   1  dp");
