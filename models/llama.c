@@ -114,8 +114,53 @@ typedef struct llama_rt {
     float *inv_long; /* longrope's past original_max_position_embeddings, else NULL */
     float *inv_local; /* the sliding layers' (rope_local_theta), else NULL */
     dt_cp_params cp; /* context parallelism: group NULL for none */
+    dt_pg *sp;       /* sequence parallelism: the tensor-parallel group (between the attention and the MLP the
+                        residual stream holds the rank's T/t rows); NULL for none */
     kv_step *kv;     /* set during a cached generation step only */
 } llama_rt;
+
+/* ---- sequence parallelism (Korthikanti et al.; tp.h), as GPT-2's ----
+ * Between the attention and the MLP the residual stream holds the rank's
+ * rows of the sequence, [B, T/t, C]: the norms and the residual adds run
+ * on them. Entering the attention and the MLP, dt_tp_sp_gather (backward:
+ * reduce-scatter) replaces f; leaving, o_proj's and down_proj's partial
+ * products are reduce-scattered over the rows (backward: all-gather) in
+ * place of g's all-reduce. The norms' weights and the row-parallel biases,
+ * whole on every rank, see only its rows: they enter through f, whose
+ * backward sums their gradients over the group. The embeddings are split
+ * after the lookup (dt_tp_sp_scatter), and the final norm's output
+ * gathered for the vocabulary-parallel head, which then takes no f. */
+
+static dt_tensor *enter(dt_ctx *ctx, const llama_rt *rt, dt_module *proj, dt_tensor *x)
+{
+    if (rt && rt->sp)
+        return dt_tp_sp_gather(ctx, rt->sp, x, 1);
+    dt_pg *tp = dt_tp_module_group(proj);
+    return tp ? dt_tp_copy_to_region(ctx, tp, x) : x;
+}
+
+/* Gemma's norm weight 1 + w in f32 (w stored around 0) */
+static dt_tensor *gemma_weight(dt_ctx *ctx, dt_tensor *w);
+
+/* A block's or the final norm (LlamaRMSNorm, GemmaRMSNorm) on x; under sequence parallelism its weight through f */
+static dt_tensor *norm_fwd(dt_ctx *ctx, const llama_rt *rt, dt_module *norm, dt_tensor *x)
+{
+    if (!rt->sp)
+        return dt_module_forward(ctx, norm, x);
+    dt_tensor *w = dt_tp_copy_to_region(ctx, rt->sp, dt_module_param(norm, 0));
+    return x && w ? dt_rms_norm(ctx, x, rt->c.gemma ? gemma_weight(ctx, w) : w, rt->c.rms_norm_eps) : NULL;
+}
+
+/* o_proj or down_proj (row-parallel) on the rank's columns x: under sequence parallelism the partial products
+ * reduce-scattered over the rows, then the bias (through f); else the module (g's all-reduce) */
+static dt_tensor *leave(dt_ctx *ctx, const llama_rt *rt, dt_module *proj, dt_tensor *x)
+{
+    if (!rt || !rt->sp)
+        return dt_module_forward(ctx, proj, x);
+    dt_tensor *y = dt_tp_sp_reduce_scatter(ctx, rt->sp, dt_linear(ctx, x, dt_module_param(proj, 0), NULL), 1);
+    return dt_module_num_params(proj) > 1 ? dt_add(ctx, y, dt_tp_copy_to_region(ctx, rt->sp, dt_module_param(proj, 1)))
+                                          : y;
+}
 
 static void rt_free(void *p)
 {
@@ -168,12 +213,9 @@ static dt_module *tp_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, float
     return m;
 }
 
-/* f on x when the block's projections are column-parallel (their group) */
-static dt_tensor *enter(dt_ctx *ctx, dt_module *proj, dt_tensor *x)
-{
-    dt_pg *tp = dt_tp_module_group(proj);
-    return tp ? dt_tp_copy_to_region(ctx, tp, x) : x;
-}
+/* f on x when the block's projections are column-parallel (their group); under sequence parallelism the
+ * all-gather of the rank's rows (backward: the reduce-scatter) in its place */
+static dt_tensor *enter(dt_ctx *ctx, const struct llama_rt *rt, dt_module *proj, dt_tensor *x);
 
 static int tp_size_of(const dt_module *proj)
 {
@@ -181,7 +223,6 @@ static int tp_size_of(const dt_module *proj)
     return tp ? dt_pg_size(tp) : 1;
 }
 
-/* Gemma's norm weight 1 + w in f32 (w stored around 0) */
 static dt_tensor *gemma_weight(dt_ctx *ctx, dt_tensor *w)
 {
     dt_tensor *one = w ? dt_tensor_full(ctx, DT_F32, 1, w->shape, 1.0) : NULL;
@@ -219,13 +260,13 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     dt_tensor *q, *k, *v;
     if (rt->c.fused) { /* Phi-3: q | k | v from qkv_proj's columns (the rank's heads of each) */
         const int64_t hd = rt->c.head_dim;
-        x = enter(ctx, child(self, "qkv_proj"), x);
+        x = enter(ctx, rt, child(self, "qkv_proj"), x);
         dt_tensor *qkv = dt_module_forward(ctx, child(self, "qkv_proj"), x);
         q = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, 0, H * hd));
         k = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, H * hd, KV * hd));
         v = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, (H + KV) * hd, KV * hd));
     } else {
-        x = enter(ctx, child(self, "q_proj"), x);
+        x = enter(ctx, rt, child(self, "q_proj"), x);
         q = dt_module_forward(ctx, child(self, "q_proj"), x);
         k = dt_module_forward(ctx, child(self, "k_proj"), x);
         v = dt_module_forward(ctx, child(self, "v_proj"), x);
@@ -285,7 +326,7 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
         s.key = dt_module_dropout_key(drop);
     }
     dt_tensor *y = rt->cp.group ? dt_cp_attention_ex(ctx, &rt->cp, qkv, &s) : dt_attention_ex(ctx, qkv, &s);
-    return dt_module_forward(ctx, child(self, "o_proj"), y);
+    return leave(ctx, rt, child(self, "o_proj"), y);
 }
 
 /* ud: the runtime config (borrowed from the root) */
@@ -295,18 +336,18 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     dt_tensor *g, *u;
     if (rt->c.fused) { /* Phi-3: gate | up from gate_up_proj's columns (the rank's share of each) */
         const int64_t I = rt->c.intermediate_size / tp_size_of(child(self, "gate_up_proj"));
-        x = enter(ctx, child(self, "gate_up_proj"), x);
+        x = enter(ctx, rt, child(self, "gate_up_proj"), x);
         dt_tensor *gu = dt_module_forward(ctx, child(self, "gate_up_proj"), x);
         g = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, 0, I));
         u = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, I, I));
     } else {
-        x = enter(ctx, child(self, "gate_proj"), x);
+        x = enter(ctx, rt, child(self, "gate_proj"), x);
         g = dt_module_forward(ctx, child(self, "gate_proj"), x);
         u = dt_module_forward(ctx, child(self, "up_proj"), x);
     }
     dt_tensor *a = rt && rt->c.gemma ? dt_mul(ctx, dt_gelu_tanh(ctx, g), u) /* GemmaMLP: gelu_pytorch_tanh */
                                      : dt_swiglu(ctx, g, u);
-    return dt_module_forward(ctx, child(self, "down_proj"), a);
+    return leave(ctx, rt, child(self, "down_proj"), a);
 }
 
 /* GemmaRMSNorm: x / sqrt(mean(x^2) + eps) * (1 + weight), in f32 and
@@ -365,23 +406,23 @@ static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void
     const llama_rt *rt = ud;
     if (rt->c.gemma2) { /* a norm before and a norm after each */
         dt_tensor *a = dt_module_forward(ctx, child(self, "self_attn"),
-                                         dt_module_forward(ctx, child(self, "input_layernorm"), x));
-        dt_tensor *h = dt_add(ctx, x, dt_module_forward(ctx, child(self, "post_attention_layernorm"), a));
+                                         norm_fwd(ctx, rt, child(self, "input_layernorm"), x));
+        dt_tensor *h = dt_add(ctx, x, norm_fwd(ctx, rt, child(self, "post_attention_layernorm"), a));
         dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"),
-                                         dt_module_forward(ctx, child(self, "pre_feedforward_layernorm"), h));
-        return dt_add(ctx, h, dt_module_forward(ctx, child(self, "post_feedforward_layernorm"), m));
+                                         norm_fwd(ctx, rt, child(self, "pre_feedforward_layernorm"), h));
+        return dt_add(ctx, h, norm_fwd(ctx, rt, child(self, "post_feedforward_layernorm"), m));
     }
     if (rt->c.olmo2) { /* the outputs normalized, not the inputs */
-        dt_tensor *h = dt_add(ctx, x, dt_module_forward(ctx, child(self, "post_attention_layernorm"),
-                                                        dt_module_forward(ctx, child(self, "self_attn"), x)));
-        return dt_add(ctx, h, dt_module_forward(ctx, child(self, "post_feedforward_layernorm"),
-                                                dt_module_forward(ctx, child(self, "mlp"), h)));
+        dt_tensor *h = dt_add(ctx, x, norm_fwd(ctx, rt, child(self, "post_attention_layernorm"),
+                                               dt_module_forward(ctx, child(self, "self_attn"), x)));
+        return dt_add(ctx, h, norm_fwd(ctx, rt, child(self, "post_feedforward_layernorm"),
+                                       dt_module_forward(ctx, child(self, "mlp"), h)));
     }
     dt_tensor *a = dt_module_forward(ctx, child(self, "self_attn"),
-                                     dt_module_forward(ctx, child(self, "input_layernorm"), x));
+                                     norm_fwd(ctx, rt, child(self, "input_layernorm"), x));
     dt_tensor *h = dt_add(ctx, x, residual_scale(ctx, rt, a));
     dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"),
-                                     dt_module_forward(ctx, child(self, "post_attention_layernorm"), h));
+                                     norm_fwd(ctx, rt, child(self, "post_attention_layernorm"), h));
     return dt_add(ctx, h, residual_scale(ctx, rt, m));
 }
 
@@ -457,8 +498,11 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
     dt_tensor *x = embed_scale(ctx, rt, dt_module_forward(ctx, child(self, "embed_tokens"), idx));
     if (rt->c.has_pad_token)
         x = pad_no_grad(ctx, x, idx, rt->c.pad_token_id);
+    if (rt->sp && x) /* the rank's rows */
+        x = dt_tp_sp_scatter(ctx, rt->sp, x, 1);
     x = dt_module_forward(ctx, child(self, "layers"), x);
-    return logits_scale(ctx, rt, dt_module_forward(ctx, child(self, "norm"), x));
+    x = logits_scale(ctx, rt, norm_fwd(ctx, rt, child(self, "norm"), x));
+    return rt->sp && x ? dt_tp_sp_gather(ctx, rt->sp, x, 1) : x; /* whole rows for the head */
 }
 
 /* Gemma 2's final_logit_softcapping on the head's logits (under tensor
@@ -624,7 +668,7 @@ bool dt__llama_kv_shape(const dt_model *m, dt__llama_kv_info *out)
                                               ? rt->c.rope_original_max_position_embeddings : 0,
                                .full = rt->c.full_attention_layers,
                                .softcap = (float)rt->c.attn_logit_softcapping};
-    return !rt->cp.group;
+    return !rt->cp.group && !rt->sp;
 }
 
 dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n)
@@ -687,6 +731,10 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
     if (!emb || !ls || !norm || !head || !dt_llama_positions(m, &T, &V))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a LlamaForCausalLM without model.embed_tokens, "
                         "model.layers, model.norm or lm_head");
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    if (rt->sp)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a Llama model with sequence parallelism does not "
+                        "split into pipeline stages yet");
     int L = dt_module_num_children(ls), k = 0;
     dt_pipe_unit *u = dt_calloc((size_t)(L + 3) * sizeof *u);
     if (!u)
@@ -796,9 +844,13 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (!(c.dropout >= 0.0f && c.dropout < 1.0f))
         return dt_error(DT_ERR_INVALID_ARG, "llama: dropout %g is outside [0, 1)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
-    if (tp && c.sequence_parallel)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
-                        "GPT models have it; tensor parallelism without it works)");
+    const bool sp = tp && c.sequence_parallel; /* without tensor parallelism (or a group of one): plain */
+    if (sp && c.build.lora) /* its forwards call o_proj's and down_proj's weights directly */
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: LoRA with sequence parallelism is not supported (tensor "
+                        "parallelism without it is)");
+    if (sp && c.cp.group && dt_pg_size(c.cp.group) > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism and context parallelism both split the "
+                        "sequence: use one of the two");
     if (tp) {
         const int t = dt_pg_size(tp);
         const struct {
@@ -820,6 +872,9 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");
+    if (sp && T % dt_pg_size(tp))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is not divisible by the tensor-parallel size "
+                        "%d (sequence parallelism splits the tokens)", (long long)T, dt_pg_size(tp));
     llama_rt *rt = calloc(1, sizeof *rt);
     const bool lr = lc->rope_type == DT_ROPE_LONGROPE, local = lc->rope_local_theta > 0.0;
     if (!rt || !(rt->attn = calloc((size_t)lc->num_hidden_layers, sizeof *rt->attn)) ||
@@ -833,6 +888,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (c.dropout > 0.0f) /* the model config's dropout is the attention's, Llama's only one */
         rt->c.attention_dropout = c.dropout;
     rt->cp = cp ? c.cp : dt_cp_params_default();
+    rt->sp = sp ? tp : NULL;
     for (int64_t i = 0; i < lc->num_hidden_layers; i++) { /* a layer slides unless it is a full one */
         const bool full = i < DT_LLAMA_MAX_LAYERS && lc->full_attention_layers[i];
         rt->attn[i] = (attn_ud){.rt = rt, .window = windowed(lc) && !full ? lc->sliding_window : 0,
@@ -853,7 +909,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     dt_module *inner = dt_nn_custom("LlamaModel", 0, NULL, model_forward, rt);
     dt_module *layers = dt_nn_seq(0, NULL);
     dt_module *emb = tp ? dt_tp_vocab_embedding(tp, V, C) : dt_nn_embedding(V, C);
-    dt_module *head = tp ? dt_tp_vocab_head(tp, V, C, false) : linear(C, V, false, lc->initializer_range);
+    dt_module *head = tp ? dt_tp_vocab_head(tp, V, C, sp) : linear(C, V, false, lc->initializer_range);
     bool ok = root && inner && layers && emb && head &&
               dt_module_set_param_init(emb, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK &&
               dt_module_set_param_init(head, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK;

@@ -223,9 +223,9 @@ static const opt_def opts[] = {
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp, GPT and Llama models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
     {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
-     "GPT-2 models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
-     "tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by N, "
-     "dropout's masks the single-process ones)"},
+     "GPT-2 and Llama models with --tp: sequence parallelism (Megatron): the norms and residuals on each rank's 1/N "
+     "of the tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by "
+     "N, dropout's masks the single-process ones)"},
     {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",
      "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "
      "the same batch and keep their part of the positions; attention runs over the group (--cp-impl), the rest "
@@ -920,7 +920,7 @@ int dt__train_check(dt__train_opts *o)
         }
     }
     if (o->sequence_parallel && (o->tp <= 1 || !strncmp(o->model, "mlp", 3) || !strcmp(o->model, "convnet"))) {
-        dt__cli_err("dtrain train: --sequence-parallel needs a GPT model and --tp N > 1\n");
+        dt__cli_err("dtrain train: --sequence-parallel needs a GPT or Llama model and --tp N > 1\n");
         return 2;
     }
     if (o->sequence_parallel && o->pp > 1) {

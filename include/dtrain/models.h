@@ -145,8 +145,8 @@ typedef struct dt_model_config {
                                      by the group size; the vocabulary is padded). Parameters
                                      keep their global names with the rank's slice, initialised
                                      to the single-process model's values (dt_model_init_tp) */
-    bool sequence_parallel;       /* GPT-2 with tp: sequence parallelism (tp.h; Korthikanti et al.):
-                                     layer norms and residuals on the rank's T/t tokens, all-gather
+    bool sequence_parallel;       /* GPT-2 and Llama with tp: sequence parallelism (tp.h; Korthikanti
+                                     et al.): the norms and residuals on the rank's T/t tokens, all-gather
                                      and reduce-scatter in place of f and g; the same values as
                                      without (dropout too: a rank's tokens draw their part of
                                      the masks, dt_dropout_at). Needs seq divisible by the
@@ -339,7 +339,10 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * that keys its masks (none at 0: the same modules, and random-stream
  * state, as a model without dropout), a tensor-parallel rank drawing its
  * heads' part of the one-process mask, a context-parallel one its rows'.
- * No sequence parallelism yet (DT_ERR_UNSUPPORTED). */
+ * c->sequence_parallel with tp: Megatron's sequence parallelism, the norms
+ * and residual adds on the rank's T/t rows (T divisible by t, else
+ * DT_ERR_INVALID_ARG; not with LoRA, cp or pipeline units:
+ * DT_ERR_UNSUPPORTED). */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 /* True when m is a Llama-family model of dt_llama_create; then *P = its

@@ -310,7 +310,8 @@ TEST(mistral_sliding_window)
 /* A golden model (HF name) trained 3 steps and written with --save-hf: its
  * config.json holds each of want[] (NULL-ended), the directory evaluates to
  * the run's own final loss and the run trained; then 5 steps under --tp 2
- * (with tp) and --pp 2 (with pp) log the same losses as one process. */
+ * and --tp 2 --sequence-parallel (with tp) and --pp 2 (with pp) log the
+ * same losses as one process. */
 static void save_hf_and_parallel(const char *name, const char *const *want, bool tp_too, bool pp)
 {
     cli_result r;
@@ -337,8 +338,12 @@ static void save_hf_and_parallel(const char *name, const char *const *want, bool
             json_loss(r.out), v, ref_loss(name));
     ASSERT_NEAR(json_loss(r.out), v, 6e-5, 0); /* (the run prints 4 decimals) */
     ASSERT(fabs(v - ref_loss(name)) > 1e-3);   /* it trained */
-    if (tp_too)
+    if (tp_too) {
         parallel_matches_one(name, "16", "tp", (char *const[]){"--tp", "2", NULL});
+        /* the residual stream's rows split over the tp ranks: the norms (Gemma's 1 + w, Gemma 2's after the
+           attention and the MLP, OLMo 2's on the outputs) on the rank's rows, their weights' gradients summed */
+        parallel_matches_one(name, "16", "tp_sp", (char *const[]){"--tp", "2", "--sequence-parallel", NULL});
+    }
     if (pp)
         parallel_matches_one(name, "16", "pp", (char *const[]){"--pp", "2", "--micro-batches", "2", NULL});
 }

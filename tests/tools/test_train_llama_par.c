@@ -11,8 +11,10 @@
  *    --pp 2's resumed under --tp 2, each giving the uninterrupted
  *    one-process run's later losses and its final checkpoint (values and
  *    momentum; SGD there, see g_opt);
+ *  - --tp 2 --sequence-parallel (the residual stream's rows split over the
+ *    tp ranks) gives them too;
  *  - a --tp that does not divide the heads is one line naming the key and
- *    the size, exit 2; so is --sequence-parallel (not for Llama yet).
+ *    the size, exit 2; so is --sequence-parallel with LoRA.
  * The bound is test_train_3d_cli.c's: the runs add the same products in
  * another order, so each step loss is within 1e-5 relative plus the
  * metrics file's printing step (1.5e-6), the printed validation loss
@@ -84,6 +86,13 @@ TEST(tp2_follows_one_process)
     fprintf(stderr, "llama val loss: one process %.6f, --tp 2 %.6f\n", g_val, v);
     ASSERT(fabs(v - g_val) <= 2e-4);
     ASSERT(follows(m, 0));
+    const char *ms = cli_path("tp2sp.jsonl");
+    run(&r, 2, "8", ms, (char *[]){"--tp", "2", "--sequence-parallel", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    v = cli_out_value(r.out, "val loss: ");
+    fprintf(stderr, "llama val loss: --tp 2 --sequence-parallel %.6f\n", v);
+    ASSERT(fabs(v - g_val) <= 2e-4);
+    ASSERT(follows(ms, 0));
 }
 
 TEST(tp2_bf16_runs)
@@ -177,9 +186,10 @@ TEST(tp_errors)
     run(&r, 4, "4", cli_path("tp4.jsonl"), (char *[]){"--tp", "4", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "num_key_value_heads 2 is not divisible by the tensor-parallel size 4");
-    run(&r, 2, "8", cli_path("sp.jsonl"), (char *[]){"--tp", "2", "--sequence-parallel", NULL});
+    run(&r, 2, "8", cli_path("sp.jsonl"),
+        (char *[]){"--tp", "2", "--sequence-parallel", "--lora-targets", "q_proj,v_proj", NULL});
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "sequence parallelism is not supported for Llama");
+    ASSERT_STR_CONTAINS(r.err, "sequence parallel");
 }
 
 int main(void)

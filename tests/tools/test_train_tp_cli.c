@@ -178,7 +178,7 @@ TEST(tp_option_errors)
     ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero 2|3 or --fsdp");
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--sequence-parallel", NULL});
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "--sequence-parallel needs a GPT model and --tp N > 1");
+    ASSERT_STR_CONTAINS(r.err, "--sequence-parallel needs a GPT or Llama model and --tp N > 1");
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "0", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--tp");
