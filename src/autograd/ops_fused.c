@@ -103,7 +103,7 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, const d
             return NULL;
         *a = (attn_saved){.qkv = x, .y = y, .lse = lse, .s = s};
         n->saved[0] = a;
-        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = s.head0, n->i[5] = s.heads_total, n->i[6] = t;
+        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[6] = t;
     }
     return out;
 }
