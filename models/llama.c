@@ -697,10 +697,17 @@ dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const
  * per element for the norms and residuals, the head's GEMM and the
  * cross-entropy. */
 /* The embedding unit: the table's lookup, with padding_idx's gradient cut
- * (pad_no_grad) as model_forward does. */
+ * (pad_no_grad) as model_forward does; under context parallelism of the
+ * rank's rows (the pipeline then moves those). */
 static dt_tensor *embed_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
 {
     const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    if (rt && rt->cp.group && x) {
+        dt_cp_layout l;
+        if (dt_cp_layout_of(&rt->cp, x->shape[1], &l) < 0)
+            return NULL;
+        x = dt_cp_local_rows(ctx, &l, x);
+    }
     dt_tensor *e = dt_module_forward(ctx, u->module, x);
     if (rt)
         e = embed_scale(ctx, rt, e);

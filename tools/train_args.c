@@ -229,9 +229,10 @@ static const opt_def opts[] = {
     {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",
      "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "
      "the same batch and keep their part of the positions; attention runs over the group (--cp-impl), the rest "
-     "on the rank's positions; gradients reduce over dp x cp; composes with --dp, --zero/--fsdp and --tp (rank = "
-     "(d x cp + c) x tp + t); not with --pp; --dropout draws one process's masks; under bf16/fp16 the "
-     "attention runs in f32"},
+     "on the rank's positions; gradients reduce over dp x cp; composes with --dp, --zero/--fsdp, --tp (rank = "
+     "(d x cp + c) x tp + t) and --pp (rank = ((d x cp + c) x tp + t) x pp + stage: each cp rank runs its own "
+     "pipeline over its positions); --dropout draws one process's masks; under bf16/fp16 the attention runs in "
+     "f32"},
     {"cp-impl", OPT_CHOICE, OFF(cp_impl), 0, 0, "ring|ulysses", "NAME",
      "with --cp: ring attention (default; keys and values go around the group, any head count) or "
      "DeepSpeed-Ulysses' all-to-all (the heads, after --tp's split, divisible by N); both run sliding windows and "
@@ -934,7 +935,6 @@ int dt__train_check(dt__train_opts *o)
     if (o->cp > 1) {
         const char *no = !strcmp(o->model, "convnet") || !strncmp(o->model, "mlp", 3)
                              ? "this --model (it has no sequence to split: GPT and Llama models have)"
-                         : o->pp > 1 ? "--pp (not yet: it composes with --dp, --zero/--fsdp and --tp)"
                          : o->sequence_parallel ? "--sequence-parallel (use one of the two)"
                          : o->sample_every ? "--sample-every (generation runs on one rank; the ranks of a "
                                              "context-parallel model run the forward together)"

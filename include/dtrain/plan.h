@@ -17,7 +17,7 @@
  * its runs this way, from flags or from a DeepSpeed-style config
  * (dt_plan_from_config).
  *
- * Layout: the world is dp x cp x tp x pp ranks. With cp > 1 (not with pp),
+ * Layout: the world is dp x cp x tp x pp ranks. With cp > 1 (and pp 1),
  * Megatron's order: rank = (d cp + c) tp + t; the tp ranks of a sequence
  * chunk are adjacent (dt_tp_groups), the cp group (dt_plan_cp_params) holds
  * the cp ranks of one replica that share a tp rank, and the gradients
@@ -28,7 +28,12 @@
  * number of replicas dp, so every cp rank of a replica reads the same
  * batch (the model keeps its rows: models.h dt_model_config.cp). With pp > 1 it is one mesh
  * ("dp", "tp", "pp": dt_pipe_mesh_init) and the "pipe" strategy takes its
- * pipelines and replicas (ZeRO-1 over the replicas with zero_stage 1).
+ * pipelines and replicas (ZeRO-1 over the replicas with zero_stage 1);
+ * with cp > 1 too the mesh's "dp" holds dp x cp (rank = ((d cp + c) tp +
+ * t) pp + s): a stage's gradients reduce over its dp x cp ranks, each cp
+ * rank runs its own pipeline over its part of the sequence, and the cp
+ * ranks of a replica's stage (its cp group) exchange the attention's
+ * keys and values.
  * With tp > 1 alone, Megatron's order: tp ranks adjacent (dt_tp_groups),
  * DDP or ZeRO-1 over the data-parallel groups. Otherwise DDP (stage 0) or
  * ZeRO (stage 1-3) over the world, or "none" on one rank.
@@ -76,8 +81,8 @@ typedef struct dt_plan_params {
     int dp;                   /* data-parallel replicas; 0: the world / (tp x pp); default 0 */
     int tp;                   /* tensor-parallel ranks per replica; default 1 */
     int pp;                   /* pipeline stages (ranks) per replica; default 1 */
-    int cp;                   /* context-parallel ranks per replica (the sequence split over them; not with
-                                 pp > 1); default 1 */
+    int cp;                   /* context-parallel ranks per replica (the sequence split over them);
+                                 default 1 */
     dt_cp_impl cp_impl;       /* cp > 1: ring attention or Ulysses (cp.h); default DT_CP_RING */
     int cp_balance;           /* cp > 1: the causal load balance (2 cp chunks, rank r: r and 2cp-1-r):
                                  1 on, 0 off, -1 auto (on for ring, off for Ulysses); default -1 */
@@ -398,7 +403,7 @@ DT_API dt_status dt_plan_calib_load(const char *path, const char *model, int64_t
 typedef struct dt_plan_layout {
     int dp, tp, pp;           /* degrees; dp x cp x tp x pp = the world */
     int cp;                   /* context-parallel ranks per replica (ring attention, the causal load
-                                 balance: the sequence in 2 cp chunks); 0 or 1: none. Not with pp or
+                                 balance: the sequence in 2 cp chunks); 0 or 1: none. Not with
                                  offload */
     int zero_stage;           /* 0 (DDP) .. 3; with tp or pp > 1: 0 or 1 */
     bool hybrid;              /* ZeRO-3 sharded within each machine only (FSDP HYBRID_SHARD) */
@@ -461,8 +466,8 @@ DT_API dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_c
                                  dt_plan_prediction *out);
 
 /* Every layout of p (dp x cp x tp x pp = world, tp dividing the heads, pp at
- * most the blocks, cp without pp and dividing the sequence into 2 cp
- * chunks; ZeRO 0-3 and hybrid; batch split into gradient
+ * most the blocks, cp dividing the sequence into 2 cp chunks; ZeRO 0-3 and
+ * hybrid; batch split into gradient
  * accumulation (1, 2, 4, ... up to max_grad_accum) or pipeline micro-
  * batches (pp .. 4 pp, dividing the replica's samples); checkpointing off
  * and on; offload off and on), predicted: *out (malloc'd; dt_free) holds *n

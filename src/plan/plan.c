@@ -157,9 +157,6 @@ dt_status dt_plan_check(const dt_plan_params *p, int ws)
     if ((unsigned)p->cp_impl >= DT_CP_IMPL_COUNT || p->cp_balance < -1 || p->cp_balance > 1)
         return dt_error(DT_ERR_INVALID_ARG, "%s: attention kind %d (ring 0, ulysses 1) or balance %d (-1 auto, 0, 1) "
                         "out of range", nc, (int)p->cp_impl, p->cp_balance);
-    if (p->cp > 1 && p->pp > 1)
-        return dt_error(DT_ERR_INVALID_ARG, "%s %d with %s %d: context parallelism does not combine with pipeline "
-                        "parallelism yet (it does with data, ZeRO and tensor parallelism)", nc, p->cp, np, p->pp);
     if (p->fsdp > DT_FSDP_HYBRID_SHARD)
         return dt_error(DT_ERR_INVALID_ARG, "fsdp %d: not an FSDP sharding strategy", p->fsdp);
     int stage;
@@ -218,7 +215,8 @@ static dt_status build_groups(dt_plan *pl)
     const dt_plan_params *p = &pl->p;
     pl->rank = dt_pg_rank(pl->world);
     pl->world_size = dt_pg_size(pl->world);
-    if (p->cp > 1) { /* Megatron's order: tp ranks adjacent, then cp, then dp (rank = (d cp + c) tp + t) */
+    if (p->cp > 1 && p->pp <= 1) { /* Megatron's order: tp ranks adjacent, then cp, then dp (rank = (d cp + c) tp
+                                      + t); with pp: the mesh below */
         if (p->tp > 1 && (st = dt_tp_groups(pl->world, p->tp, &pl->tp_pg, &pl->dp_pg)) < 0)
             return st;
         dt_pg *dc = p->tp > 1 ? pl->dp_pg : pl->world; /* the same tp rank: replicas of the same slices */
@@ -241,6 +239,17 @@ static dt_status build_groups(dt_plan *pl)
         pl->tp_rank = dt_mesh_coord(pl->mesh, 1);
         pl->tp_pg = p->tp > 1 ? dt_mesh_dim_group(pl->mesh, 1) : NULL; /* the model's slices */
         pl->pp_rank = dt_mesh_coord(pl->mesh, 2);
+        if (p->cp > 1) { /* the mesh's "dp" is dp x cp (rank = ((d cp + c) tp + t) pp + s): the pipe strategy
+                            reduces a stage's gradients over it; the cp ranks of a replica's stage, its coordinates
+                            d cp .. d cp + cp - 1, run the attention's exchanges */
+            const int r = pl->rank;
+            if ((st = dt_pg_split(dt_mesh_dim_group(pl->mesh, 0), r / p->cp, r, &pl->cp_pg)) < 0)
+                return dt_error_wrap(st, "context-parallel groups");
+            pl->cp_rank = r % p->cp;
+            pl->rank = r / p->cp;
+            pl->world_size /= p->cp;
+            pl->shard_world = dt_mesh_size(pl->mesh, 0);
+        }
         return DT_OK;
     }
     if (p->tp > 1) { /* Megatron's order: tp ranks adjacent, data parallel across the groups */
@@ -445,11 +454,11 @@ void dt_plan_free(dt_plan *pl)
 {
     if (!pl)
         return;
+    dt_pg_free(pl->cp_pg); /* with pp a subgroup of the mesh's: first */
     if (pl->mesh) /* the mesh owns its tp group */
         dt_mesh_free(pl->mesh);
     else
         dt_pg_free(pl->tp_pg);
-    dt_pg_free(pl->cp_pg);
     dt_pg_free(pl->dp_pg);
     if (pl->own_world)
         dt_pg_free(pl->world);

@@ -159,8 +159,6 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     if (cp > 1 && dp * cp * tp * pp != world)
         infeasible(out, "dp %d x cp %d x tp %d x pp %d is %d, not the world %d", dp, cp, tp, pp, dp * cp * tp * pp,
                    world);
-    if (cp > 1 && pp > 1)
-        infeasible(out, "context parallelism (cp %d) does not combine with pipeline parallelism", cp);
     if (cp > 1 && c->seq % (2 * cp))
         infeasible(out, "the sequence of %lld does not split into the 2 x cp %d chunks of the causal load balance",
                    (long long)c->seq, cp);
@@ -480,8 +478,8 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
     const int maxga = q.max_grad_accum > 0 ? q.max_grad_accum : 1;
     rows r = {0};
     dt_status st = DT_OK;
-    /* cp: the degrees that divide the world and split the sequence into 2 cp chunks, without pp (the others'
-       rows would only repeat the rules) */
+    /* cp: the degrees that divide the world and split the sequence into 2 cp chunks (the others' rows would only
+       repeat the rule) */
     for (int cp = 1; cp <= q.world && st >= 0; cp++) {
         if (q.world % cp || (cp > 1 && c->seq % (2 * cp)))
             continue;
@@ -489,7 +487,7 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
             if ((q.world / cp) % tp)
                 continue;
             for (int pp = 1; pp * tp * cp <= q.world && st >= 0; pp++) {
-                if ((q.world / cp / tp) % pp || (cp > 1 && pp > 1))
+                if ((q.world / cp / tp) % pp)
                     continue;
                 const int dp = q.world / cp / tp / pp;
                 const int64_t per_replica = q.global_batch / dp;

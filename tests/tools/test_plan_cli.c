@@ -1,6 +1,6 @@
 /* dtrain plan and dtrain train --plan auto (tools/cmd_plan.c, train_plan.c):
- *   - --json: one object per layout (486 for gpt-micro on 4 ranks with the
- *     default global batch 8, 198 of them context parallel), ranked 1..n, with mem_per_rank_bytes,
+ *   - --json: one object per layout (540 for gpt-micro on 4 ranks with the
+ *     default global batch 8, 252 of them context parallel), ranked 1..n, with mem_per_rank_bytes,
  *     step_ms, the layout fields, feasible and reason; the feasible first;
  *   - a --mem-per-rank between DDP's and ZeRO-1's need (computed with the
  *     library on the same calibration file) refuses the DDP layout naming
@@ -98,7 +98,7 @@ TEST(json_shape)
         fprintf(stderr, "%s%s", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     int n = parse_lines(r.out, g_rows, 1024);
-    ASSERT_EQ_INT(n, 288 + 198); /* tests/plan/test_plan_search's count; the second term context parallel */
+    ASSERT_EQ_INT(n, 288 + 252); /* tests/plan/test_plan_search's count; the second term context parallel */
     bool seen_infeasible = false, seen_cp = false;
     for (int i = 0; i < n; i++) {
         const cJSON *o = g_rows[i];
@@ -157,7 +157,7 @@ TEST(mem_per_rank_refuses_by_name)
                         g_calib, NULL});
     ASSERT_EQ_INT(r.code, 0);
     int n = parse_lines(r.out, g_rows, 1024);
-    ASSERT_EQ_INT(n, 288 + 198);
+    ASSERT_EQ_INT(n, 288 + 252);
     const cJSON *a = row(n, 4, 0, 2, false), *b = row(n, 4, 1, 2, false);
     ASSERT(a && b);
     ASSERT(cJSON_IsFalse(cJSON_GetObjectItem(a, "feasible")));
@@ -171,7 +171,7 @@ TEST(mem_per_rank_refuses_by_name)
              (char *[]){"plan", "--model", "gpt-micro", "--world", "4", "--mem-per-rank", lim, "--calib", g_calib,
                         "--all", NULL});
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.out, "486 layouts:");
+    ASSERT_STR_CONTAINS(r.out, "540 layouts:");
     ASSERT_STR_CONTAINS(r.out, "rank  layout");
     ASSERT_STR_CONTAINS(r.out, "over --mem-per-rank");
     ASSERT_STR_CONTAINS(r.out, "   1  dp");

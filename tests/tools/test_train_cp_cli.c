@@ -1,15 +1,18 @@
 /* `dtrain train --cp N` (context parallelism) under `dtrain run`: the GPT
  * and the Llama give the single-process run's step losses over 20 steps
  * (relative 1e-5, f32): ring attention and Ulysses, with and without the
- * causal load balance, cp 2 and cp 4; dp 2 x cp 2 (DDP and ZeRO-2) gives
+ * causal load balance, cp 2 and cp 4, cp 2 x pp 2 (each cp rank its own
+ * pipeline); dp 2 x cp 2 (DDP and ZeRO-2) gives
  * the 2-rank DDP run's losses; cp 2 x tp 2, cp 2 with activation
  * checkpointing and cp 2 under ZeRO-3 the single-process ones; in bf16
  * (the attention widened to f32) cp 2 follows the one-process bf16 run
  * (whose attention kernel works on bf16 operands; the sums run in another
  * order too): the first step's loss within 2e-4, the first five within
  * 5e-3, all 20 within 3e-2; with --dropout 0.1, ring and Ulysses, cp 2 and
- * 4, also x tp 2, the one-process losses and dp 2 x cp 2 the 2-rank DDP
- * ones; DeepSpeed's
+ * 4, also x tp 2 (and tp 2 alone), the one-process losses and dp 2 x cp 2
+ * the 2-rank DDP ones (GPT-2's dropouts and Llama's attention dropout); a
+ * checkpoint saved by cp 2 and by cp 2 x pp 2 resumes in one process;
+ * DeepSpeed's
  * sequence_parallel_size in a --config turns on Ulysses;
  * and the bad flags, degrees and keys exit 2 with one line naming the
  * problem. Every run reads the same token file; the data of a replica is
@@ -95,7 +98,7 @@ static void model_cases(const char *model)
     static const struct {
         int ranks;
         const char *name;
-        char *flags[8];
+        char *flags[10];
         const char *want;
     } cases[] = {
         {2, "ring2", {"--cp", "2", NULL},
@@ -110,6 +113,10 @@ static void model_cases(const char *model)
         {4, "ring4", {"--cp", "4", NULL}, "[0] context parallel: 4 ranks per sequence"},
         {4, "ring4_plain", {"--cp", "4", "--cp-balance", "off", NULL}, "[0] context parallel: 4 ranks per sequence"},
         {4, "ulysses4", {"--cp", "4", "--cp-impl", "ulysses", NULL}, "ulysses attention"},
+        /* each cp rank its own pipeline of 2 stages over its positions */
+        {4, "ring2_pp2", {"--cp", "2", "--pp", "2", "--micro-batches", "2", NULL}, "ring attention"},
+        {4, "ulysses2_pp2", {"--cp", "2", "--cp-impl", "ulysses", "--pp", "2", "--micro-batches", "2", NULL},
+         "ulysses attention"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(tag, sizeof tag, "%s_%s", model, cases[i].name);
@@ -233,6 +240,17 @@ TEST(cp_checkpoint_resumes_in_one_process)
     int nb = cli_step_losses(m, b, 64);
     ASSERT_EQ_INT(nb, 10);
     ASSERT(cli_same_losses(b, nb, one + 10, 10, 0.0));
+    /* saved by cp 2 x pp 2 (each stage's part, written once per stage), resumed by one process */
+    snprintf(dir, sizeof dir, "%s/cp_pp_ckpt", cli_tmpdir());
+    snprintf(step10, sizeof step10, "%s/step-00000010", dir);
+    ASSERT_EQ_INT(run(&r, 4, "gpt-micro", "gpt_cp2pp2_save", m, sizeof m,
+                      (char *[]){"--cp", "2", "--pp", "2", "--micro-batches", "2", "--save", dir, "--save-every", "10",
+                                 NULL}), 0);
+    ASSERT_EQ_INT(run(&r, 1, "gpt-micro", "gpt_resume_pp", m, sizeof m, (char *[]){"--resume", step10, NULL}), 0);
+    ASSERT_STR_CONTAINS(r.out, "resumed from");
+    nb = cli_step_losses(m, b, 64);
+    ASSERT_EQ_INT(nb, 10);
+    ASSERT(cli_same_losses(b, nb, one + 10, 10, 0.0));
 }
 
 /* One line naming the problem and exit 2. */
@@ -263,7 +281,6 @@ TEST(cp_option_errors)
         "sequence length 15 is not a multiple of 2 (cp 2)");
     bad(2, (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--n-head", "1", NULL},
         "Ulysses attention needs the heads (1 on this rank) divisible by cp 2");
-    bad(4, (char *[]){"--cp", "2", "--pp", "2", NULL}, "--cp 2 does not combine with --pp");
     bad(4, (char *[]){"--cp", "3", NULL}, "--cp 3 needs a multiple of 3 ranks; this job has 4");
     bad(4, (char *[]){"--cp", "2", "--dp", "1", NULL}, "--dp 1 x --cp 2 x --tp 1 x --pp 1 is 2 ranks; this job has 4");
     static cli_result r;
