@@ -146,15 +146,17 @@ static dt_status gather_rows(dt_ctx *ctx, dt_pg *tp, const void *x, void *out, i
 {
     const int t = dt_pg_size(tp);
     const size_t es = dt_dtype_size(dt);
-    char *buf = dt_ctx_alloc(ctx, (size_t)(t * M * n) * es + 1); /* [t, M, n] */
+    if (M == 1) /* the ranks' pieces lie side by side in out already */
+        return dt_pg_allgather(tp, x, out, (size_t)n, dt);
+    const size_t bytes = (size_t)(t * M * n) * es + 1;
+    char *buf = dt_ctx_alloc(ctx, bytes); /* [t, M, n], given back at once: staging, not an activation */
     if (!buf)
         return dt_last_status();
     dt_status st = dt_pg_allgather(tp, x, buf, (size_t)(M * n), dt);
-    if (st < 0)
-        return st;
-    for (int r = 0; r < t; r++)
+    for (int r = 0; r < t && st >= 0; r++)
         put_cols(out, buf + (size_t)(r * M * n) * es, M, t * n, n, r * n, es);
-    return DT_OK;
+    dt_arena_give_back(dt_ctx_arena(ctx), buf, bytes);
+    return st;
 }
 
 dt_tensor *dt_tp_gather_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
@@ -271,12 +273,17 @@ static dt_status sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, const void *full, voi
     const int t = dt_pg_size(tp);
     const size_t es = dt_dtype_size(dt);
     const int64_t w = g->n * g->inner, cnt = g->outer * w;
-    char *blk = dt_ctx_alloc(ctx, (size_t)(t * cnt) * es + 1);
+    if (g->outer == 1) /* the chunks are contiguous blocks rank by rank already */
+        return dt_pg_reduce_scatter(tp, full, out, (size_t)cnt, dt, DT_REDUCE_SUM);
+    const size_t bytes = (size_t)(t * cnt) * es + 1;
+    char *blk = dt_ctx_alloc(ctx, bytes); /* staging, given back at once */
     if (!blk)
         return dt_last_status();
     for (int r = 0; r < t; r++)
         get_cols(blk + (size_t)(r * cnt) * es, full, g->outer, t * w, w, r * w, es);
-    return dt_pg_reduce_scatter(tp, blk, out, (size_t)cnt, dt, DT_REDUCE_SUM);
+    dt_status st = dt_pg_reduce_scatter(tp, blk, out, (size_t)cnt, dt, DT_REDUCE_SUM);
+    dt_arena_give_back(dt_ctx_arena(ctx), blk, bytes);
+    return st;
 }
 
 static dt_status sp_gather_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
@@ -299,13 +306,14 @@ static dt_status sp_allgather_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, d
     return st < 0 ? dt_error_wrap(st, "tensor parallel sequence chunk backward: all-gather") : DT_OK;
 }
 
-/* Shared front of the three: checks, a contiguous copy of x, the geometry
- * (div: the group size when x is full along dim, 1 when it is a chunk) and
- * the output with `extent` along dim. */
+/* Shared front of the three: checks, x's data contiguous (a copy only
+ * when it is not: sp_end gives it back), the geometry (div: the group size
+ * when x is full along dim, 1 when it is a chunk) and the output with
+ * `extent` along dim. */
 static dt_tensor *sp_begin(const char *op, dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim, bool full_in,
                            bool full_out, dt_tensor **c, sp_save **s)
 {
-    if (!(*c = dt_tensor_clone(ctx, x)) || !(*s = dt_ctx_alloc(ctx, sizeof **s)))
+    if (!(*c = dt_tensor_is_contiguous(x) ? x : dt_tensor_clone(ctx, x)) || !(*s = dt_ctx_alloc(ctx, sizeof **s)))
         return NULL;
     const int t = dt_pg_size(tp);
     if (!sp_geom_of(op, x, dim, full_in ? t : 1, &(*s)->g))
@@ -315,6 +323,13 @@ static dt_tensor *sp_begin(const char *op, dt_ctx *ctx, dt_pg *tp, dt_tensor *x,
     memcpy(shape, x->shape, sizeof shape);
     shape[(*s)->g.dim] = (*s)->g.n * (full_out ? t : 1);
     return dt_tensor_empty(ctx, x->dtype, x->ndim, shape);
+}
+
+/* The op has read c: a copy of x (sp_begin) goes back to the arena */
+static void sp_end(dt_ctx *ctx, const dt_tensor *x, dt_tensor *c)
+{
+    if (c && c != x)
+        dt_arena_give_back(dt_ctx_arena(ctx), c->data, dt_tensor_nbytes(c));
 }
 
 dt_tensor *dt_tp_sp_gather(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
@@ -329,6 +344,7 @@ dt_tensor *dt_tp_sp_gather(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
     if (!(out = sp_begin(op, ctx, tp, x, dim, false, true, &c, &s)))
         return NULL;
     dt_status st = sp_allgather(ctx, tp, c->data, out->data, &s->g, x->dtype);
+    sp_end(ctx, x, c);
     if (st < 0) {
         dt_error_wrap(st, "%s: all-gather", op);
         return NULL;
@@ -348,6 +364,7 @@ dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim
     if (!(out = sp_begin(op, ctx, tp, x, dim, true, false, &c, &s)))
         return NULL;
     dt_status st = sp_reduce_scatter(ctx, tp, c->data, out->data, &s->g, x->dtype);
+    sp_end(ctx, x, c);
     if (st < 0) {
         dt_error_wrap(st, "%s: reduce-scatter", op);
         return NULL;
@@ -368,6 +385,7 @@ dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
         return NULL;
     const int64_t w = s->g.n * s->g.inner;
     get_cols(out->data, c->data, s->g.outer, w * dt_pg_size(tp), w, w * dt_pg_rank(tp), dt_dtype_size(x->dtype));
+    sp_end(ctx, x, c);
     return dt_ag_custom(ctx, 1, &x, out, sp_allgather_bwd, s);
 }
 
