@@ -55,7 +55,7 @@ static dt_status s_attach(void *self, dt_model *m)
 {
     pipe_strategy *s = self;
     s->m = m;
-    int W = dt_pg_size(s->world), r = dt_pg_rank(s->world);
+    int W = dt_pg_size(s->world);
     if (s->p.pp < 1 || W % s->p.pp)
         return dt_error(DT_ERR_INVALID_ARG, "pipe: %d ranks do not make pipelines of %d (the world must be dp x pp)",
                         W, s->p.pp);
@@ -71,7 +71,9 @@ static dt_status s_attach(void *self, dt_model *m)
     s->dp = s->D > 1 ? dt_mesh_dim_group(s->mesh, 0) : NULL;
     s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
     s->S = s->P * s->v;
-    dt_model_set_rank(m, r);
+    /* the dropout masks: keyed by the replica (its tp ranks draw one layer's mask, each its heads' part; the cp
+       ranks of a replica, dt_model_set_replica_ranks, its positions' part), as DDP keys them by its group rank */
+    dt_model_set_rank(m, dt_mesh_coord(s->mesh, 0));
     const bool meta = dt_model_is_meta(m);
     if (meta && s->T > 1)
         return dt_error(DT_ERR_UNSUPPORTED, "pipe: a meta model with tensor parallelism (tp %d): a slice's initial "

@@ -10,7 +10,9 @@
  * order too): the first step's loss within 2e-4, the first five within
  * 5e-3, all 20 within 3e-2; with --dropout 0.1, ring and Ulysses, cp 2 and
  * 4, also x tp 2 (and tp 2 alone), the one-process losses and dp 2 x cp 2
- * the 2-rank DDP ones (GPT-2's dropouts and Llama's attention dropout); a
+ * the 2-rank DDP ones (GPT-2's dropouts and Llama's attention dropout), cp 2
+ * x pp 2 and tp 2 x pp 2 the pp 2 run's (a pipeline's masks are its micro-
+ * batches', keyed by the replica); a
  * checkpoint saved by cp 2 and by cp 2 x pp 2 resumes in one process;
  * DeepSpeed's
  * sequence_parallel_size in a --config turns on Ulysses;
@@ -350,6 +352,20 @@ static void dropout_cases(const char *model)
         same_as(model, cases[i].ranks, tag, cases[i].flags, cases[i].ddp ? ddp : one, cases[i].ddp ? nd : n1,
                 cases[i].want);
     }
+    /* a pipeline draws each micro-batch's masks (not one process's): cp 2 x pp 2 and tp 2 x pp 2 draw pp 2's, the
+       masks keyed by the replica (its tp and cp ranks one replica's) */
+    double pp[64];
+    snprintf(tag, sizeof tag, "%s_pp2_drop", model);
+    ASSERT_EQ_INT(run(&r, 2, model, tag, m, sizeof m, (char *[]){"--pp", "2", "--micro-batches", "2", "--dropout",
+                                                                 "0.1", NULL}), 0);
+    const int npp = cli_step_losses(m, pp, 64);
+    ASSERT_EQ_INT(npp, 20);
+    snprintf(tag, sizeof tag, "%s_cp2pp2_drop", model);
+    same_as(model, 4, tag, (char *[]){"--cp", "2", "--pp", "2", "--micro-batches", "2", "--dropout", "0.1", NULL}, pp,
+            npp, "ring attention");
+    snprintf(tag, sizeof tag, "%s_tp2pp2_drop", model);
+    same_as(model, 4, tag, (char *[]){"--tp", "2", "--pp", "2", "--micro-batches", "2", "--dropout", "0.1", NULL}, pp,
+            npp, "[0] tensor parallel: 2 ranks per group");
 }
 
 TEST(gpt_cp_dropout_equals_one_process) { dropout_cases("gpt-micro"); }
