@@ -239,10 +239,10 @@ static dt_tensor *cp_attention(dt_ctx *ctx, const char *op, const dt_cp_params *
 }
 
 /* The description checked here, before any exchange and whether training or not (in eval p never reaches the
- * kernels: a bad one would otherwise pass silently) */
-dt_tensor *dt_cp_attention_ex(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, const dt_attention_spec *s)
+ * kernels: a bad one would otherwise pass silently); op names the caller in errors */
+static dt_tensor *cp_attention_spec(dt_ctx *ctx, const char *op, const dt_cp_params *p, dt_tensor *qkv,
+                                    const dt_attention_spec *s)
 {
-    const char *op = "dt_cp_attention_ex";
     if (!s) {
         dt_error(DT_ERR_NULL, "%s: the attention's description is NULL", op);
         return NULL;
@@ -258,10 +258,15 @@ dt_tensor *dt_cp_attention_ex(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv
     return cp_attention(ctx, op, p, qkv, s->n_head, &m);
 }
 
+dt_tensor *dt_cp_attention_ex(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, const dt_attention_spec *s)
+{
+    return cp_attention_spec(ctx, "dt_cp_attention_ex", p, qkv, s);
+}
+
 dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal)
 {
-    const attn_mask m = {.causal = causal};
-    return cp_attention(ctx, "dt_cp_attention", p, qkv, n_head, &m);
+    const dt_attention_spec s = {.n_head = n_head, .causal = causal};
+    return cp_attention_spec(ctx, "dt_cp_attention", p, qkv, &s);
 }
 
 dt_tensor *dt_cp_attention_heads(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int head0,
@@ -269,14 +274,14 @@ dt_tensor *dt_cp_attention_heads(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *
 {
     const dt_attention_spec s = {.n_head = n_head, .head0 = head0, .heads_total = heads_total ? heads_total : -1,
                                  .causal = causal, .dropout_p = dropout_p, .training = training, .key = key};
-    return dt_cp_attention_ex(ctx, p, qkv, &s);
+    return cp_attention_spec(ctx, "dt_cp_attention_heads", p, qkv, &s);
 }
 
 dt_tensor *dt_cp_attention_window(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, int64_t window,
                                   float softcap)
 {
-    const attn_mask m = {.causal = true, .window = window, .cap = softcap};
-    return cp_attention(ctx, "dt_cp_attention_window", p, qkv, n_head, &m);
+    const dt_attention_spec s = {.n_head = n_head, .causal = true, .window = window, .softcap = softcap};
+    return cp_attention_spec(ctx, "dt_cp_attention_window", p, qkv, &s);
 }
 
 /* ---- the loss over the whole sequence ------------------------------------------------- */
