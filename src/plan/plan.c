@@ -208,6 +208,21 @@ dt_status dt_plan_check(const dt_plan_params *p, int ws)
     return DT_OK;
 }
 
+/* Context parallelism's split of dc, the dp x cp ranks that hold the same parameters (its rank d cp + c): the cp
+ * group of this replica, the replica's index and count for the data, dc's size for the sharding */
+static dt_status split_cp(dt_plan *pl, dt_pg *dc)
+{
+    const int cp = pl->p.cp, r = dt_pg_rank(dc);
+    dt_status st = dt_pg_split(dc, r / cp, r, &pl->cp_pg);
+    if (st < 0)
+        return dt_error_wrap(st, "context-parallel groups");
+    pl->cp_rank = r % cp;
+    pl->rank = r / cp;
+    pl->world_size = dt_pg_size(dc) / cp;
+    pl->shard_world = dt_pg_size(dc);
+    return DT_OK;
+}
+
 /* The groups of the layout over pl->world. */
 static dt_status build_groups(dt_plan *pl)
 {
@@ -220,14 +235,9 @@ static dt_status build_groups(dt_plan *pl)
         if (p->tp > 1 && (st = dt_tp_groups(pl->world, p->tp, &pl->tp_pg, &pl->dp_pg)) < 0)
             return st;
         dt_pg *dc = p->tp > 1 ? pl->dp_pg : pl->world; /* the same tp rank: replicas of the same slices */
-        const int r = dt_pg_rank(dc);
-        if ((st = dt_pg_split(dc, r / p->cp, r, &pl->cp_pg)) < 0)
-            return dt_error_wrap(st, "context-parallel groups");
+        if ((st = split_cp(pl, dc)) < 0)
+            return st;
         pl->tp_rank = pl->tp_pg ? dt_pg_rank(pl->tp_pg) : 0;
-        pl->cp_rank = r % p->cp;
-        pl->rank = r / p->cp;
-        pl->world_size = dt_pg_size(dc) / p->cp;
-        pl->shard_world = dt_pg_size(dc);
         pl->pg = dc; /* gradients reduce over dp x cp */
         return DT_OK;
     }
@@ -242,13 +252,7 @@ static dt_status build_groups(dt_plan *pl)
         if (p->cp > 1) { /* the mesh's "dp" is dp x cp (rank = ((d cp + c) tp + t) pp + s): the pipe strategy
                             reduces a stage's gradients over it; the cp ranks of a replica's stage, its coordinates
                             d cp .. d cp + cp - 1, run the attention's exchanges */
-            const int r = pl->rank;
-            if ((st = dt_pg_split(dt_mesh_dim_group(pl->mesh, 0), r / p->cp, r, &pl->cp_pg)) < 0)
-                return dt_error_wrap(st, "context-parallel groups");
-            pl->cp_rank = r % p->cp;
-            pl->rank = r / p->cp;
-            pl->world_size /= p->cp;
-            pl->shard_world = dt_mesh_size(pl->mesh, 0);
+            return split_cp(pl, dt_mesh_dim_group(pl->mesh, 0));
         }
         return DT_OK;
     }
