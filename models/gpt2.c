@@ -405,10 +405,26 @@ bool dt__gpt2_block_hooked(const dt_module *block) { return !dt_module_is_plain(
 
 /* ---- pipeline units (nn.h, dt_model_set_pipe_units) ---------------------------------- */
 
+/* The embeddings; under sequence parallelism split into the tensor-parallel
+ * rank's rows after them (the pipeline then moves those), as
+ * transformer_forward does. */
 static dt_tensor *unit_embed(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
 {
     (void)m;
-    return dt__gpt2_embed(ctx, u->module, x);
+    dt_pg *sp = sp_group(u->module, child(u->module, "wte"));
+    x = dt__gpt2_embed(ctx, u->module, x);
+    return sp && x ? dt_tp_sp_scatter(ctx, sp, x, 1) : x;
+}
+
+/* The final layer norm (the unit's module, ln_f); under sequence
+ * parallelism (the transformer's) on the rank's rows, its parameters
+ * through f, then the rows gathered for the head. */
+static dt_tensor *unit_ln_f(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
+{
+    dt_module *tr = dt_model_find_module(m, "transformer");
+    dt_pg *sp = tr ? sp_group(tr, child(tr, "wte")) : NULL;
+    x = ln_forward(ctx, u->module, x, sp);
+    return sp && x ? dt_tp_sp_gather(ctx, sp, x, 1) : x;
 }
 
 /* Half a block (the unit's name ends in "attn" or "mlp"): refused if the
@@ -472,7 +488,7 @@ static dt_status gpt2_units(dt_model *m, dt_pipe_unit **units, int *n)
             u[k++].cost = half ? mlp : attn;
         }
     }
-    dt__zoo_unit(&u[k], "transformer.ln_f", lnf, NULL, "transformer.ln_f", NULL);
+    dt__zoo_unit(&u[k], "transformer.ln_f", lnf, unit_ln_f, "transformer.ln_f", NULL);
     u[k++].cost = 4 * C;
     dt__zoo_unit(&u[k], "lm_head", head, NULL, "lm_head", NULL);
     u[k++].cost = dt__zoo_numel(head, 0) + 4 * V;

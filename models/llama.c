@@ -698,7 +698,8 @@ dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const
  * cross-entropy. */
 /* The embedding unit: the table's lookup, with padding_idx's gradient cut
  * (pad_no_grad) as model_forward does; under context parallelism of the
- * rank's rows (the pipeline then moves those). */
+ * rank's rows, under sequence parallelism split into the tensor-parallel
+ * rank's rows after the lookup (the pipeline then moves those). */
 static dt_tensor *embed_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
 {
     const llama_rt *rt = dt_module_user_data(dt_model_root(m));
@@ -709,17 +710,23 @@ static dt_tensor *embed_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt
         x = dt_cp_local_rows(ctx, &l, x);
     }
     dt_tensor *e = dt_module_forward(ctx, u->module, x);
-    if (rt)
-        e = embed_scale(ctx, rt, e);
-    return rt && rt->c.has_pad_token ? pad_no_grad(ctx, e, x, rt->c.pad_token_id) : e;
+    if (!rt)
+        return e;
+    e = embed_scale(ctx, rt, e);
+    if (rt->c.has_pad_token)
+        e = pad_no_grad(ctx, e, x, rt->c.pad_token_id);
+    return rt->sp && e ? dt_tp_sp_scatter(ctx, rt->sp, e, 1) : e;
 }
 
-/* The final norm's unit, with Granite's logits_scaling as model_forward has it. */
+/* The final norm's unit, with Granite's logits_scaling as model_forward has
+ * it; under sequence parallelism on the rank's rows, gathered for the head. */
 static dt_tensor *norm_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
 {
     const llama_rt *rt = dt_module_user_data(dt_model_root(m));
-    dt_tensor *y = dt_module_forward(ctx, u->module, x);
-    return rt ? logits_scale(ctx, rt, y) : y;
+    if (!rt)
+        return dt_module_forward(ctx, u->module, x);
+    dt_tensor *y = logits_scale(ctx, rt, norm_fwd(ctx, rt, u->module, x));
+    return rt->sp && y ? dt_tp_sp_gather(ctx, rt->sp, y, 1) : y;
 }
 
 /* The head's unit, with Gemma 2's final_logit_softcapping as lm_forward has it. */
@@ -738,10 +745,6 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
     if (!emb || !ls || !norm || !head || !dt_llama_positions(m, &T, &V))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a LlamaForCausalLM without model.embed_tokens, "
                         "model.layers, model.norm or lm_head");
-    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
-    if (rt->sp)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a Llama model with sequence parallelism does not "
-                        "split into pipeline stages yet");
     int L = dt_module_num_children(ls), k = 0;
     dt_pipe_unit *u = dt_calloc((size_t)(L + 3) * sizeof *u);
     if (!u)

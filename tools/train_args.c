@@ -225,7 +225,7 @@ static const opt_def opts[] = {
     {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
      "GPT-2 and Llama models with --tp: sequence parallelism (Megatron): the norms and residuals on each rank's 1/N "
      "of the tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by "
-     "N, dropout's masks the single-process ones)"},
+     "N, dropout's masks the single-process ones); with --pp the stages pass each rank's rows"},
     {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",
      "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "
      "the same batch and keep their part of the positions; attention runs over the group (--cp-impl), the rest "
@@ -922,10 +922,6 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->sequence_parallel && (o->tp <= 1 || !strncmp(o->model, "mlp", 3) || !strcmp(o->model, "convnet"))) {
         dt__cli_err("dtrain train: --sequence-parallel needs a GPT or Llama model and --tp N > 1\n");
-        return 2;
-    }
-    if (o->sequence_parallel && o->pp > 1) {
-        dt__cli_err("dtrain train: --sequence-parallel does not combine with --pp yet\n");
         return 2;
     }
     if ((o->cp_impl || o->cp_balance) && o->cp <= 1) {

@@ -341,8 +341,9 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * heads' part of the one-process mask, a context-parallel one its rows'.
  * c->sequence_parallel with tp: Megatron's sequence parallelism, the norms
  * and residual adds on the rank's T/t rows (T divisible by t, else
- * DT_ERR_INVALID_ARG; not with LoRA, cp or pipeline units:
- * DT_ERR_UNSUPPORTED). */
+ * DT_ERR_INVALID_ARG; not with LoRA or cp: DT_ERR_UNSUPPORTED); its
+ * pipeline units then pass the rank's rows between stages (the embedding
+ * unit splits them, the final norm's gathers them for the head). */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 /* True when m is a Llama-family model of dt_llama_create; then *P = its

@@ -12,7 +12,8 @@
  *    one-process run's later losses and its final checkpoint (values and
  *    momentum; SGD there, see g_opt);
  *  - --tp 2 --sequence-parallel (the residual stream's rows split over the
- *    tp ranks) gives them too;
+ *    tp ranks), alone and with --pp 2 (the stages pass those rows), gives
+ *    them too;
  *  - a --tp that does not divide the heads is one line naming the key and
  *    the size, exit 2; so is --sequence-parallel with LoRA.
  * The bound is test_train_3d_cli.c's: the runs add the same products in
@@ -129,6 +130,23 @@ static void three_d(bool zero)
 }
 
 TEST(dp2_tp2_pp2_follows_one_process) { three_d(false); }
+
+/* sequence parallelism inside the pipeline's stages: the embedding unit
+ * splits the rows, the stages pass each tp rank's rows, the final norm's
+ * unit gathers them for the head */
+TEST(tp2_sp_pp2_follows_one_process)
+{
+    static cli_result r;
+    const char *m = cli_path("sp_pp.jsonl");
+    run(&r, 4, "8", m, (char *[]){"--tp", "2", "--sequence-parallel", "--pp", "2", "--micro-batches", "2", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "2 stages x 2 tensor-parallel");
+    ASSERT_STR_CONTAINS(r.out, "sequence parallel (each holds 1/N of the tokens");
+    double v = cli_out_value(r.out, "val loss: ");
+    fprintf(stderr, "llama val loss: one process %.6f, tp 2 sequence-parallel x pp 2 %.6f\n", g_val, v);
+    ASSERT(fabs(v - g_val) <= 2e-4);
+    ASSERT(follows(m, 0));
+}
 TEST(dp2_tp2_pp2_zero1_follows_one_process) { three_d(true); }
 
 /* Saved by `from` (ranks, batch, flags) at step 2, resumed by `to`: the
@@ -202,6 +220,7 @@ int main(void)
     RUN(tp2_follows_one_process);
     RUN(tp2_bf16_runs);
     RUN(dp2_tp2_pp2_follows_one_process);
+    RUN(tp2_sp_pp2_follows_one_process);
     RUN(dp2_tp2_pp2_zero1_follows_one_process);
     g_opt[0] = "sgd", g_opt[1] = "0.1", g_opt[2] = "0.9";
     one_process();

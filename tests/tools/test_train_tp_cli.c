@@ -3,7 +3,8 @@
  * (tensor x data parallel) give the 2-rank DDP run's; a tensor-parallel
  * GPT on 2 ranks gives the single-process step and validation losses, with
  * dropout too (the same masks) and with --sequence-parallel (with dropout
- * too: each rank's tokens draw their part of the masks); and the option
+ * too: each rank's tokens draw their part of the masks; and inside 2
+ * pipeline stages); and the option
  * errors (no launcher, a --tp that does not divide the ranks, convnet,
  * ZeRO 2/3 and FSDP; --zero 1 composes: test_train_tp_zero_cli.c) are
  * one line with exit 2. Losses are compared within float
@@ -84,13 +85,13 @@ static double val_loss(const char *out)
 /* The GPT on 2 tensor-parallel ranks against one process: the step losses
  * (and the validation loss) within float rounding; with dropout > 0 too
  * (the same masks: see models/gpt2.c). */
-static void gpt_tp2(const char *dropout, bool sp)
+static void gpt_tp2_pp(const char *dropout, bool sp, bool pp)
 {
     static cli_result r;
     char data[320], m1[400], m2[400];
     ASSERT_EQ_INT(cli_stream_file("tok.bin", 2000, false, data, sizeof data), DT_OK);
     snprintf(m1, sizeof m1, "%s/g1_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
-    snprintf(m2, sizeof m2, "%s/g2_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
+    snprintf(m2, sizeof m2, "%s/g2_%s%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "", pp ? "_pp" : "");
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                    "16", "--data", data, "--val-data", data, "--limit-train", "24", "--limit-test", "8", "--batch",
                    "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain",
@@ -100,13 +101,15 @@ static void gpt_tp2(const char *dropout, bool sp)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     double v1 = val_loss(r.out);
-    char *two[64] = {"run", "-n", "2", "--", cli()};
+    char *two[64] = {"run", "-n", pp ? "4" : "2", "--", cli()};
     int n = 5;
     for (int i = 0; one[i]; i++)
         two[n++] = !strcmp(one[i], m1) ? m2 : one[i];
     two[n++] = "--tp", two[n++] = "2";
     if (sp)
         two[n++] = "--sequence-parallel";
+    if (pp)
+        two[n++] = "--pp", two[n++] = "2", two[n++] = "--micro-batches", two[n++] = "2";
     two[n] = NULL;
     cli_runv(&r, 200, NULL, two);
     if (r.code != 0)
@@ -114,11 +117,15 @@ static void gpt_tp2(const char *dropout, bool sp)
     ASSERT_EQ_INT(r.code, 0);
     if (sp)
         ASSERT_STR_CONTAINS(r.out, "; sequence parallel (each holds 1/N of the tokens between the blocks)");
+    if (pp)
+        ASSERT_STR_CONTAINS(r.out, "pipeline parallel: 2 stages x 2 tensor-parallel");
     double v2 = val_loss(r.out);
     fprintf(stderr, "gpt val loss: one process %.6f, --tp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
     ASSERT(cli_same_metrics(m2, m1, 6, 1e-7));
 }
+
+static void gpt_tp2(const char *dropout, bool sp) { gpt_tp2_pp(dropout, sp, false); }
 
 TEST(gpt_tp2_equals_one_process) { gpt_tp2("0", false); }
 
@@ -161,6 +168,11 @@ TEST(gpt_tp2_dropout_equals_one_process)
  * their part of the whole sequence's masks (dt_dropout_at), so the losses equal one process's with dropout */
 TEST(gpt_tp2_sequence_parallel_dropout_equals_one_process) { gpt_tp2("0.2", true); }
 
+/* --sequence-parallel inside pipeline stages (4 ranks: tp 2 x pp 2, two micro-batches): the embeddings' unit
+ * splits the rows, the stages pass each tp rank's rows, ln_f's unit gathers them for the head; the one-process
+ * losses (without dropout: a pipeline draws each micro-batch's masks) */
+TEST(gpt_tp2_sequence_parallel_pp2_equals_one_process) { gpt_tp2_pp("0", true, true); }
+
 TEST(tp_option_errors)
 {
     static cli_result r;
@@ -198,6 +210,7 @@ int main(void)
     RUN(gpt_tp2_dropout_equals_one_process);
     RUN(gpt_tp2_sequence_parallel_equals_one_process);
     RUN(gpt_tp2_sequence_parallel_dropout_equals_one_process);
+    RUN(gpt_tp2_sequence_parallel_pp2_equals_one_process);
     cli_cleanup();
     return TEST_REPORT();
 }
