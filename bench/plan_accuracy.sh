@@ -6,12 +6,14 @@
 #   PHASE=2 bench/plan_accuracy.sh DTRAIN OUTDIR    # compare again (a new planner, same runs)
 #
 # Trains GPT-2 124M (seq 32, global batch 4, AdamW, STEPS steps, default 4)
-# in 14 layouts on 2, 4 and 8 ranks (cp 2 among them), with --plan auto on 2
+# in 16 layouts on 2, 4 and 8 ranks (cp 2 ring and Ulysses, tp 2 with sequence
+# parallelism among them), with --plan auto on 2
 # and 4 ranks; gpt2-large (774M, STEPS_BIG steps, default 3) in 5 layouts (ZeRO-3
 # on 2 and 4 ranks, 2 and 4 pipeline stages, 2-way tp) and --plan auto on 2
 # ranks; llama-100m (seq 32, its own 32000-token data) with DDP, tp 2, cp 2 and
 # --plan auto on 2 ranks, and one sequence of 1024 tokens a step split over 2
-# ranks by tp or by cp (3 steps). BIG=0 leaves gpt2-large out (it needs about 14 GiB
+# ranks by tp (with and without sequence parallelism) or by cp (ring and
+# Ulysses; 3 steps). BIG=0 leaves gpt2-large out (it needs about 14 GiB
 # of memory). ZeRO-2/3 runs wrap each block as a unit (--wrap-min-params, as
 # --plan auto does). Each run's --metrics end record gives the measured peak
 # RSS (the largest rank's), the median step's wall time and step_cpu_ms: the
@@ -32,7 +34,7 @@
 # e.g. ONLY='z3' for the ZeRO-3 rows; the calibrations of models no chosen
 # run uses are skipped.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,33p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,35p "$0"; exit 2; }
 DT=$(readlink -f "$1")
 OUT=${2:-$(mktemp -d)}
 STEPS=${STEPS:-4}
@@ -97,9 +99,14 @@ run l100-auto2 llama-100m 2 2 "$STEPS" --plan auto
 run l100-tp2 llama-100m 2 4 "$STEPS" --tp 2
 run l100-cp2 llama-100m 2 4 "$STEPS" --cp 2
 run g2-cp2 gpt2 2 4 "$STEPS" --cp 2
-# one sequence of 1024 tokens a step (global batch 1): split over 2 ranks by heads (tp) or by positions (cp)
+run g2-cp2u gpt2 2 4 "$STEPS" --cp 2 --cp-impl ulysses
+run g2-tp2sp gpt2 2 4 "$STEPS" --tp 2 --sequence-parallel
+# one sequence of 1024 tokens a step (global batch 1): split over 2 ranks by heads (tp, with and without sequence
+# parallelism) or by positions (cp: ring and Ulysses)
 RUN_SEQ=1024 run l100L-tp2 llama-100m 2 1 3 --tp 2
+RUN_SEQ=1024 run l100L-tp2sp llama-100m 2 1 3 --tp 2 --sequence-parallel
 RUN_SEQ=1024 run l100L-cp2 llama-100m 2 1 3 --cp 2
+RUN_SEQ=1024 run l100L-cp2u llama-100m 2 1 3 --cp 2 --cp-impl ulysses
 if [ "$BIG" != 0 ]; then
 run lg-z3-2 gpt2-large 2 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
 run lg-z3-4 gpt2-large 4 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
@@ -127,18 +134,21 @@ for line in open(out + "/runs.txt"):
     g = lambda k, d: int(re.search(k + r" (\d+)", f).group(1)) if re.search(k + r" (\d+)", f) else d
     seq = g("--seq", 32)  # runs.txt of an older script: 32
     if "--plan auto" in f:  # the layout it chose
-        m = re.search(r"--plan auto chose dp(\d+)(?: cp(\d+))? tp(\d+) pp(\d+) zero(\d) (?:b(\d+)|mb(\d+)x(\d+)) "
-                      r"ga(\d+)( ckpt)?", log)
-        dp, tp, pp, z = map(int, m.group(1, 3, 4, 5))
+        m = re.search(r"--plan auto chose dp(\d+)(?: cp(\d+)( ulysses)?)? tp(\d+)( sp)? pp(\d+) zero(\d) "
+                      r"(?:b(\d+)|mb(\d+)x(\d+)) ga(\d+)( ckpt)?", log)
+        dp, tp, pp, z = map(int, m.group(1, 4, 6, 7))
         cp = int(m.group(2) or 1)
-        mbs = int(m.group(8) or 1)
-        b = int(m.group(6)) if m.group(6) else int(m.group(7)) * mbs
-        ga, ck = int(m.group(9)), bool(m.group(10))
+        uly, sp = bool(m.group(3)), bool(m.group(5))
+        mbs = int(m.group(10) or 1)
+        b = int(m.group(8)) if m.group(8) else int(m.group(9)) * mbs
+        ga, ck = int(m.group(11)), bool(m.group(12))
     else:
         tp, pp, z, ga, cp = g("--tp", 1), g("--pp", 1), g("--zero", 0), g("--grad-accum", 1), g("--cp", 1)
         dp = n // tp // pp // cp
         mbs = g("--micro-batches", 4) if pp > 1 else 1
         b, ck = batch, "--activation-checkpointing" in f
+        uly, sp = "--cp-impl ulysses" in f, "--sequence-parallel" in f
+    impl = "none" if cp == 1 else "ulysses" if uly else "ring"
     gb = dp * b * ga
     end = [json.loads(l) for l in open("%s/%s.jsonl" % (out, name)) if '"end"' in l][-1]
     key = (model, n, gb, seq)
@@ -146,9 +156,10 @@ for line in open(out + "/runs.txt"):
         r = subprocess.run([dt, "plan", "--model", model, "--seq", str(seq), "--world", str(n), "--global-batch",
                             str(gb), "--mem-per-rank", "1T", "--json"], capture_output=True, text=True, check=True)
         plans[key] = [json.loads(l) for l in r.stdout.splitlines()]
-    row = [r for r in plans[key] if (r["dp"], r.get("cp", 1), r["tp"], r["pp"], r["zero_stage"], r["batch"],
-           r["micro_batches"], r["grad_accum"], r["act_ckpt"], r["offload"], r["hybrid"]) ==
-           (dp, cp, tp, pp, z, b, mbs, ga, ck, False, False)]
+    row = [r for r in plans[key] if (r["dp"], r.get("cp", 1), r.get("cp_impl", "none" if cp == 1 else "ring"),
+           r["tp"], r.get("sequence_parallel", False), r["pp"], r["zero_stage"], r["batch"], r["micro_batches"],
+           r["grad_accum"], r["act_ckpt"], r["offload"], r["hybrid"]) ==
+           (dp, cp, impl, tp, sp, pp, z, b, mbs, ga, ck, False, False)]
     if not row:
         print("| %s | no planner row for dp%d cp%d tp%d pp%d zero%d b%d m%d ga%d |" % (name, dp, cp, tp, pp, z, b, mbs,
                                                                                     ga))
@@ -158,7 +169,8 @@ for line in open(out + "/runs.txt"):
     cpu = end.get("step_cpu_ms", 0)
     norm = cpu / cores  # the step with the machine's cores to itself
     got = cpu / mt
-    lay = "dp%d%s tp%d pp%d zero%d %s ga%d%s" % (dp, " cp%d" % cp if cp > 1 else "", tp, pp, z,
+    lay = "dp%d%s tp%d%s pp%d zero%d %s ga%d%s" % (dp, (" cp%d" % cp + (" ulysses" if uly else "")) if cp > 1 else "",
+                                                  tp, " sp" if sp else "", pp, z,
                                                 ("mb%dx%d" % (b // mbs, mbs)) if pp > 1 else "b%d" % b, ga,
                                                 " ckpt" if ck else "")
     if seq != 32:

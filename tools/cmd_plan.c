@@ -222,12 +222,14 @@ int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype
 void dt__plan_row_json(FILE *f, const dt_plan_prediction *r, int rank)
 {
     const dt_plan_layout *l = &r->layout;
-    fprintf(f, "{\"rank\":%d,\"dp\":%d,\"cp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d,\"hybrid\":%s,"
-               "\"batch\":%lld,\"micro_batches\":%d,\"grad_accum\":%d,\"act_ckpt\":%s,\"offload\":%s,\"mem_per_rank_bytes\":%.0f,"
+    fprintf(f, "{\"rank\":%d,\"dp\":%d,\"cp\":%d,\"cp_impl\":\"%s\",\"tp\":%d,\"sequence_parallel\":%s,\"pp\":%d,"
+               "\"zero_stage\":%d,\"hybrid\":%s,\"batch\":%lld,\"micro_batches\":%d,\"grad_accum\":%d,"
+               "\"act_ckpt\":%s,\"offload\":%s,\"mem_per_rank_bytes\":%.0f,"
                "\"state_bytes\":%.0f,\"gathered_bytes\":%.0f,\"buffer_bytes\":%.0f,\"act_bytes\":%.0f,\"base_bytes\":%.0f,"
                "\"step_ms\":%.3f,\"compute_ms\":%.3f,\"bubble_ms\":%.3f,\"comm_ms\":%.3f,\"optim_ms\":%.3f,"
                "\"feasible\":%s,\"reason\":\"",
-            rank, l->dp, l->cp > 1 ? l->cp : 1, l->tp, l->pp, l->zero_stage, l->hybrid ? "true" : "false",
+            rank, l->dp, l->cp > 1 ? l->cp : 1, l->cp > 1 ? dt_cp_impl_name(l->cp_impl) : "none", l->tp,
+            l->tp > 1 && l->sp ? "true" : "false", l->pp, l->zero_stage, l->hybrid ? "true" : "false",
             (long long)l->batch, l->micro_batches, l->grad_accum, l->act_ckpt ? "true" : "false", l->offload ? "true" : "false",
             r->mem_bytes, r->state_bytes, r->gathered_bytes, r->buffer_bytes, r->act_bytes, r->base_bytes, r->step_s * 1e3,
             r->compute_s * 1e3, r->bubble_s * 1e3, r->comm_s * 1e3, r->optim_s * 1e3, r->feasible ? "true" : "false");

@@ -644,7 +644,8 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         int rc = set_value(d, val, o);
         if (rc)
             return rc;
-        static const char *const layout[] = {"dp", "tp", "pp", "cp", "zero", "fsdp", "micro-batches", "grad-accum",
+        static const char *const layout[] = {"dp", "tp", "sequence-parallel", "pp", "cp", "cp-impl", "cp-balance",
+                                             "zero", "fsdp", "micro-batches", "grad-accum",
                                              "activation-checkpointing", "offload"};
         for (size_t k = 0; k < sizeof layout / sizeof layout[0] && !o->layout_flag; k++)
             if (!strcmp(d->name, layout[k]))

@@ -206,6 +206,7 @@ int dt__train_plan_auto(dt__train_opts *o)
         dt_free(rows);
         return 2;
     }
+    double cp_fastest = 0; /* > 0: the choice passed over faster context-parallel layouts (--sample-every) */
     if (o->sample_every && rows[0].layout.cp > 1) { /* generation runs on one rank: no context parallelism */
         int k = 1;
         while (k < n && rows[k].feasible && rows[k].layout.cp > 1)
@@ -218,13 +219,16 @@ int dt__train_plan_auto(dt__train_opts *o)
             return 2;
         }
         const dt_plan_prediction keep = rows[k];
+        cp_fastest = rows[0].step_s;
         memmove(rows + 1, rows, sizeof *rows * (size_t)k);
         rows[0] = keep;
     }
     const dt_plan_layout *l = &rows[0].layout;
     static const char *const stages[4] = {"0", "1", "2", "3"};
     o->dp = l->dp, o->tp = l->tp, o->pp = l->pp;
-    o->cp = l->cp > 1 ? l->cp : 0; /* ring attention with the causal balance, as predicted (their defaults) */
+    o->cp = l->cp > 1 ? l->cp : 0; /* ring with the causal balance or Ulysses without (their defaults) */
+    o->cp_impl = l->cp > 1 ? dt_cp_impl_name(l->cp_impl) : NULL;
+    o->sequence_parallel = l->tp > 1 && l->sp;
     o->zero = stages[l->zero_stage & 3];
     o->fsdp = l->hybrid ? "hybrid_shard" : NULL;
     if (l->hybrid)
@@ -238,7 +242,7 @@ int dt__train_plan_auto(dt__train_opts *o)
     while (feasible < n && rows[feasible].feasible)
         feasible++;
     if (main_rank) {
-        char a[160], b[160], why[96];
+        char a[160], b[160], why[128];
         /* dt_plan_search puts the simplest of the layouts predicted within DT_PLAN_SIMPLER_WITHIN of the fastest
            first: say so when the choice is not itself the fastest (it said "the fastest" over a runner-up 1%
            faster) */
@@ -246,7 +250,10 @@ int dt__train_plan_auto(dt__train_opts *o)
         for (int i = 1; i < feasible; i++)
             if (rows[i].step_s < fastest)
                 fastest = rows[i].step_s;
-        if (fastest < rows[0].step_s)
+        if (cp_fastest > 0)
+            snprintf(why, sizeof why, "the first without context parallelism, which --sample-every needs (the "
+                     "first with it: %.1f ms)", cp_fastest * 1e3);
+        else if (fastest < rows[0].step_s)
             snprintf(why, sizeof why, "the simplest of those within %g%% of the fastest (%.1f ms)",
                      DT_PLAN_SIMPLER_WITHIN * 100, fastest * 1e3);
         else
@@ -281,7 +288,11 @@ int dt__train_predict(const dt__train_opts *o, int world, int tp, int pp, int cp
     dt_plan_search_params sp;
     layout_params(o, world, seq, &sp);
     const int mp = tp * pp * cp; /* the replicas: the world over the model's parallel degrees */
-    dt_plan_layout l = {.dp = mp > 0 && world % mp == 0 ? world / mp : 1, .cp = cp, .tp = tp, .pp = pp,
+    dt_cp_impl impl = DT_CP_RING;
+    if (o->cp_impl && dt_cp_impl_parse(o->cp_impl, &impl) < 0) /* checked by the parser */
+        return 0;
+    dt_plan_layout l = {.dp = mp > 0 && world % mp == 0 ? world / mp : 1, .cp = cp, .cp_impl = impl, .tp = tp,
+                        .sp = tp > 1 && o->sequence_parallel, .pp = pp,
                         .zero_stage = zero_stage,
                         .hybrid = o->fsdp && !strcmp(o->fsdp, "hybrid_shard"), .batch = o->batch,
                         .micro_batches = pp > 1 ? (int)(o->micro_batches ? o->micro_batches : 4) : 1,

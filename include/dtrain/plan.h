@@ -276,21 +276,26 @@ DT_API void dt_plan_free(dt_plan *pl);
  * whole parameters and gradients, ZeRO-3's staging areas) + activations of the
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
  * m) from the measured bytes per token (context parallelism: a rank keeps
- * seq / cp of them). Step time = compute (per-token core-seconds x
+ * seq / cp of them; sequence parallelism keeps the norms' inputs, two
+ * per block and the final one, on seq / tp positions). Step time = compute (per-token core-seconds x
  * tokens plus the fixed cost of each pass (micro-batch, accumulated
  * forward), split over tp and pp, the pipeline bubble (pp - 1) / m of the
  * stage's work, ranks sharing the machine's cores: a rank's threads are
  * cores / ranks, and the step is at least the whole machine's core-seconds
  * over its cores) + collectives (ring volumes over the measured bandwidth
  * plus a latency per call: tp's four all-reduces per block per pass and four
- * for its vocabulary-parallel embedding, head and loss, ZeRO-2's reduce-
+ * for its vocabulary-parallel embedding, head and loss (sequence
+ * parallelism: four all-gathers and four reduce-scatters per block at
+ * their curves, and the norms and residual adds split over tp), ZeRO-2's reduce-
  * scatter per unit, ZeRO-3's gathers (forward; backward again but the root
  * unit) and reduce-scatters per unit at the all-gather and reduce-scatter
  * curves, the units as wrap_min_params groups
  * the blocks, a pipeline's sends, context parallelism's ring: per block
  * and pass cp - 1 steps that pass a chunk's keys and values forward and
- * keys, values and their gradients backward, in f32, the gradients reduced
- * over dp x cp) + the optimizer
+ * keys, values and their gradients backward, in f32, or Ulysses' all-to-
+ * alls (q, k, v and the output forward; those, the output's gradient and
+ * q, k, v's backward; at the all-gather curve, and their packing copies),
+ * the gradients reduced over dp x cp) + the optimizer
  * step over the rank's shard. Among the feasible layouts predicted within
  * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
  * tensor or pipeline parallelism; no checkpointing or accumulation before
@@ -402,9 +407,13 @@ DT_API dt_status dt_plan_calib_load(const char *path, const char *model, int64_t
 /* One layout of a run. */
 typedef struct dt_plan_layout {
     int dp, tp, pp;           /* degrees; dp x cp x tp x pp = the world */
-    int cp;                   /* context-parallel ranks per replica (ring attention, the causal load
-                                 balance: the sequence in 2 cp chunks); 0 or 1: none. Not with
-                                 offload */
+    int cp;                   /* context-parallel ranks per replica; 0 or 1: none. Not with offload */
+    dt_cp_impl cp_impl;       /* cp > 1: DT_CP_RING (the default: ring attention with the causal load
+                                 balance, the sequence in 2 cp chunks) or DT_CP_ULYSSES (DeepSpeed-
+                                 Ulysses' all-to-all: a tp rank's heads and the sequence divisible by cp) */
+    bool sp;                  /* tp > 1: sequence parallelism (Megatron's: the norms and residual adds on
+                                 a rank's T/tp positions, all-gathers and reduce-scatters in place of
+                                 tp's all-reduces; the sequence divisible by tp). Not with cp */
     int zero_stage;           /* 0 (DDP) .. 3; with tp or pp > 1: 0 or 1 */
     bool hybrid;              /* ZeRO-3 sharded within each machine only (FSDP HYBRID_SHARD) */
     int64_t batch;            /* samples per rank per forward (--batch; with pp: the whole batch a
@@ -466,7 +475,9 @@ DT_API dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_c
                                  dt_plan_prediction *out);
 
 /* Every layout of p (dp x cp x tp x pp = world, tp dividing the heads, pp at
- * most the blocks, cp dividing the sequence into 2 cp chunks; ZeRO 0-3 and
+ * most the blocks, cp dividing the sequence into 2 cp chunks (ring) or cp
+ * dividing the sequence and a tp rank's heads (Ulysses); tp > 1 with and
+ * without sequence parallelism (cp 1); ZeRO 0-3 and
  * hybrid; batch split into gradient
  * accumulation (1, 2, 4, ... up to max_grad_accum) or pipeline micro-
  * batches (pp .. 4 pp, dividing the replica's samples); checkpointing off
@@ -480,7 +491,8 @@ DT_API dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_ca
 /* The margin of that ranking: among the feasible layouts predicted within
  * this fraction of the fastest step, the simplest ranks first. */
 #define DT_PLAN_SIMPLER_WITHIN 0.05
-/* A layout as text: "dp2 tp1 pp2 zero1 mb4x2 ga1 ckpt" (buf of n bytes). */
+/* A layout as text: "dp2 tp1 pp2 zero1 mb4x2 ga1 ckpt", "dp1 cp2 ulysses tp1
+ * pp1 zero0 b2 ga1", "dp1 tp2 sp pp1 zero0 b4 ga1" (buf of n bytes). */
 DT_API const char *dt_plan_layout_str(const dt_plan_layout *l, char *buf, size_t n);
 
 #ifdef __cplusplus

@@ -23,7 +23,11 @@
  * step; ZeRO-2/3 a collective per unit per pass, ZeRO-3 its all-gathers
  * (forward, and backward but the root unit) and reduce-scatters at the
  * measured curve of each kind; tensor parallelism four all-reduces of the
- * activations per block and four more per micro-batch; the pipeline a send
+ * activations per block and four more per micro-batch, or with sequence
+ * parallelism four all-gathers and four reduce-scatters per block at their
+ * curves (the norms and residual adds then split over tp too, and the
+ * norms' inputs kept on a rank's positions); context parallelism's ring
+ * steps or Ulysses' all-to-alls per block; the pipeline a send
  * and a receive per micro-batch per boundary), slowed like compute when
  * ranks outnumber cores (the shared-memory transport copies with the same
  * CPUs). The optimizer steps the rank's shard (AdamW timed on written
@@ -62,11 +66,12 @@ const char *dt_plan_layout_str(const dt_plan_layout *l, char *buf, size_t n)
                  l->micro_batches);
     else
         snprintf(mb, sizeof mb, "b%lld", (long long)l->batch);
-    char cpx[16] = ""; /* context parallelism, only where there is some */
+    char cpx[24] = ""; /* context parallelism, only where there is some */
     if (l->cp > 1)
-        snprintf(cpx, sizeof cpx, " cp%d", l->cp);
-    snprintf(buf, n, "dp%d%s tp%d pp%d zero%d%s %s ga%d%s%s", l->dp, cpx, l->tp, l->pp, l->zero_stage,
-             l->hybrid ? " hybrid" : "", mb, l->grad_accum, l->act_ckpt ? " ckpt" : "", l->offload ? " offload" : "");
+        snprintf(cpx, sizeof cpx, " cp%d%s", l->cp, l->cp_impl == DT_CP_ULYSSES ? " ulysses" : "");
+    snprintf(buf, n, "dp%d%s tp%d%s pp%d zero%d%s %s ga%d%s%s", l->dp, cpx, l->tp, l->sp ? " sp" : "", l->pp,
+             l->zero_stage, l->hybrid ? " hybrid" : "", mb, l->grad_accum, l->act_ckpt ? " ckpt" : "",
+             l->offload ? " offload" : "");
     return buf;
 }
 
@@ -148,6 +153,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     out->feasible = true;
     const int dp = l->dp > 0 ? l->dp : 1, tp = l->tp > 0 ? l->tp : 1, pp = l->pp > 0 ? l->pp : 1;
     const int cp = l->cp > 1 ? l->cp : 1, red = dp * cp; /* the gradients reduce over dp x cp ranks */
+    const bool uly = cp > 1 && l->cp_impl == DT_CP_ULYSSES, sp = l->sp && tp > 1;
     const int m = pp > 1 && l->micro_batches > 0 ? l->micro_batches : 1, ga = l->grad_accum > 0 ? l->grad_accum : 1;
     const int world = p->world, local = p->ranks_per_machine > 0 ? p->ranks_per_machine : world;
     const double cores = p->cores > 0 ? p->cores : (c->cores > 0 ? c->cores : 1);
@@ -159,9 +165,23 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     if (cp > 1 && dp * cp * tp * pp != world)
         infeasible(out, "dp %d x cp %d x tp %d x pp %d is %d, not the world %d", dp, cp, tp, pp, dp * cp * tp * pp,
                    world);
-    if (cp > 1 && c->seq % (2 * cp))
+    if (cp > 1 && (unsigned)l->cp_impl >= DT_CP_IMPL_COUNT)
+        infeasible(out, "context-parallel attention %d is not ring or Ulysses", (int)l->cp_impl);
+    if (cp > 1 && !uly && c->seq % (2 * cp))
         infeasible(out, "the sequence of %lld does not split into the 2 x cp %d chunks of the causal load balance",
                    (long long)c->seq, cp);
+    if (uly && c->seq % cp)
+        infeasible(out, "the sequence of %lld does not split over cp %d (Ulysses)", (long long)c->seq, cp);
+    if (uly && c->n_head % tp == 0 && (c->n_head / tp) % cp) /* (tp not dividing them: its own rule below) */
+        infeasible(out, "Ulysses: the %lld heads of a tp rank do not divide over cp %d", (long long)c->n_head / tp,
+                   cp);
+    if (l->sp && tp == 1)
+        infeasible(out, "sequence parallelism needs tp > 1");
+    if (sp && cp > 1)
+        infeasible(out, "sequence parallelism does not combine with context parallelism (one or the other)");
+    if (sp && c->seq % tp)
+        infeasible(out, "the sequence of %lld does not split over tp %d (sequence parallelism)", (long long)c->seq,
+                   tp);
     if (c->n_head % tp)
         infeasible(out, "tp %d does not divide the %lld heads", tp, (long long)c->n_head);
     if (c->n_kv_head > 0 && c->n_kv_head % tp)
@@ -251,10 +271,14 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     /* tensor parallelism leaves a block's activations whole on every rank (the layer norms, residuals
        and all-reduced outputs are full width; measured: a 2-way split kept 95% of them); the
        vocabulary-parallel head splits the logits */
-    const double blk = l->act_ckpt ? c->act_block_ckpt : c->act_block;
-    const double one_blk = l->act_ckpt ? c->act_block : 0; /* the block being recomputed */
+    /* sequence parallelism keeps the norms' inputs (the residual stream, f32) on the rank's T/tp positions:
+       a block's two and the final norm's (measured, llama-100m at 1024 tokens on tp 2: 37 MiB less, as this
+       predicts; GPT-2 124M 66 MiB less). A checkpointed block keeps only its input, which is one of them */
+    const double sp_norm = sp ? 4.0 * (double)c->n_embd * (1.0 - 1.0 / tp) : 0;
+    const double blk = fmax(l->act_ckpt ? c->act_block_ckpt - sp_norm : c->act_block - 2 * sp_norm, 0);
+    const double one_blk = l->act_ckpt ? fmax(c->act_block - 2 * sp_norm, 0) : 0; /* the block being recomputed */
     double act_first = mb * Tr * (pp > 1 ? (double)(pp < m ? pp : m) : 1.0) * blocks_rank * blk;
-    double act_last = mb * Tr * (blocks_last * blk + c->act_fixed / tp);
+    double act_last = mb * Tr * (blocks_last * blk + fmax(c->act_fixed / tp - sp_norm, 0));
     if (pp == 1)
         act_first = 0;
     double act = (act_first > act_last ? act_first : act_last) + mb * Tr * one_blk;
@@ -299,7 +323,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        of GPT-2 124M take the same step, 410 and 414 ms; charged whole on each rank they were predicted
        +19% and +55%); the vocabulary-parallel embedding, head and loss split their tokens' cost */
     const double tok_rep = c->repl_block_s < tok_blk ? c->repl_block_s : tok_blk;
-    const double tok_blk_rank = (tok_blk - tok_rep) / tp + tok_rep; /* a tp rank's share of a block */
+    /* a tp rank's share of a block (sequence parallelism splits the norms and residual adds too) */
+    const double tok_blk_rank = (tok_blk - tok_rep) / tp + (sp ? tok_rep / tp : tok_rep);
     /* context parallelism: a rank's rows (Tr of each sample) at the cost per token measured over the whole
        sequence (each row still attends to every earlier position: the balance gives each rank its share) */
     const double replica_blocks = samples_replica * Tr * L * tok_blk_rank; /* one tp (and cp) rank's, over pp */
@@ -374,24 +399,45 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
                                            units);
     }
     const double act_mb = mb * Tr * (double)c->n_embd * 4.0;
-    if (tp > 1) { /* per pass: two all-reduces per block forward (attention's and the MLP's outputs), two
-                     backward (their inputs' gradients), the vocabulary-parallel embedding's one and the
-                     loss's two (max, then sum) forward, the head input's one backward */
+    const double ag_bw = c->ag_bw > 0 ? c->ag_bw : bw, ag_lat = c->ag_lat_s > 0 ? c->ag_lat_s : lat;
+    const double rs_bw = c->rs_bw > 0 ? c->rs_bw : bw, rs_lat = c->rs_lat_s > 0 ? c->rs_lat_s : lat;
+    double t_curves = 0; /* collectives timed at their own kind's curve */
+    if (tp > 1 && !sp) { /* per pass: two all-reduces per block forward (attention's and the MLP's outputs), two
+                            backward (their inputs' gradients), the vocabulary-parallel embedding's one and the
+                            loss's two (max, then sum) forward, the head input's one backward */
         vol += 4.0 * blocks_rank * 2.0 * (tp - 1) / tp * act_mb * m * ga;
         calls += (4.0 * blocks_rank + 4) * m * ga;
+    } else if (sp) { /* per pass and block: entering attention and the MLP an all-gather of the rows, leaving
+                        them a reduce-scatter, backward the other way round (the same bytes as the all-reduces);
+                        the final norm's rows gathered for the head (a reduce-scatter backward), the embedding's
+                        and the loss's three all-reduces as without */
+        const double share = (double)(tp - 1) / tp * act_mb, n_each = 4.0 * blocks_rank + 1;
+        t_curves += (n_each * (share / ag_bw + ag_lat) + n_each * (share / rs_bw + rs_lat)) * m * ga;
+        calls += 3.0 * m * ga;
     }
     if (pp > 1) {
         vol += 2.0 * act_mb * m * ga;
         calls += 2.0 * m * ga;
     }
-    if (cp > 1) { /* the ring, per block and pass (in f32, the rank's heads): cp - 1 steps pass a chunk's keys and
-                     values forward (again when recomputed), cp - 1 its keys, values and their gradients backward
-                     and one more the gradients home; and the loss's all-reduce */
+    if (cp > 1 && !uly) { /* the ring, per block and pass (in f32, the rank's heads): cp - 1 steps pass a chunk's
+                             keys and values forward (again when recomputed), cp - 1 its keys, values and their
+                             gradients backward and one more the gradients home; and the loss's all-reduce */
         const double kv = 2.0 * act_mb / tp, fwd = (cp - 1) * kv * (l->act_ckpt ? 2 : 1);
         vol += blocks_rank * (fwd + 2.0 * (cp - 1) * kv + kv) * m * ga;
         calls += (blocks_rank * ((cp - 1) * (l->act_ckpt ? 3.0 : 2.0) + 1) + 1) * m * ga;
+    } else if (uly) { /* Ulysses, per block and pass (f32, the rank's rows of its tp heads): all-to-alls of q, k, v
+                         (3 rows' widths) and of the output (1) forward, again when recomputed; of q, k, v, the
+                         output and its gradient and back of q, k, v's gradients (8) backward; the softmax
+                         statistics' too (a call each, their bytes negligible). (cp - 1)/cp of each leaves a
+                         rank, at the all-gather's curve; each buffer is packed and unpacked by copies (rows of
+                         a head group), at the memcpy bandwidth; and the loss's all-reduce */
+        const double fw = l->act_ckpt ? 2.0 : 1.0, width = act_mb / tp, units = 4.0 * fw + 8.0;
+        const double a2a = blocks_rank * ((cp - 1.0) / cp * units * width / ag_bw + (3.0 * fw + 5.0) * ag_lat);
+        const double packing = blocks_rank * 2.0 * units * width / (c->copy_bw > 0 ? c->copy_bw : 8e9);
+        t_curves += (a2a + packing) * m * ga;
+        calls += 1.0 * m * ga;
     }
-    double t_comm = vol / bw + calls * lat + t_zero3;
+    double t_comm = vol / bw + calls * lat + t_zero3 + t_curves;
     if (local > cores)
         t_comm *= local / cores;
     if (l->offload)
@@ -441,17 +487,19 @@ static int cmp_rows(const void *a, const void *b)
     return strcmp(dt_plan_layout_str(&x->layout, bx, sizeof bx), dt_plan_layout_str(&y->layout, by, sizeof by));
 }
 
-/* How much machinery a layout adds to plain DDP: model parallelism most, then sharding, recomputation,
-   accumulation, offload. Among layouts predicted within DT_PLAN_SIMPLER_WITHIN (plan.h) of the fastest the simplest
-   ranks first (as DeepSpeed's autotuner prefers the lower ZeRO stage at equal throughput): a few % is
-   within the model's error, and every added part brings costs the model leaves out. */
+/* How much machinery a layout adds to plain DDP: model parallelism most (sequence parallelism and Ulysses one more
+   than tp and ring alone), then sharding, recomputation, accumulation, offload. Among layouts predicted within
+   DT_PLAN_SIMPLER_WITHIN (plan.h) of the fastest the simplest ranks first (as DeepSpeed's autotuner prefers the
+   lower ZeRO stage at equal throughput): a few % is within the model's error, and every added part brings costs the
+   model leaves out. */
 static int complexity(const dt_plan_layout *l)
 {
     int ga = 0;
     for (int g = l->grad_accum; g > 1; g >>= 1)
         ga++;
-    return 4 * (l->tp > 1) + 4 * (l->pp > 1) + 4 * (l->cp > 1) + l->zero_stage + 2 * l->act_ckpt + ga +
-           3 * l->offload + l->hybrid;
+    return 4 * (l->tp > 1) + (l->tp > 1 && l->sp) + 4 * (l->pp > 1) + 4 * (l->cp > 1) +
+           (l->cp > 1 && l->cp_impl == DT_CP_ULYSSES) + l->zero_stage + 2 * l->act_ckpt + ga + 3 * l->offload +
+           l->hybrid;
 }
 
 static int cmp_simple(const void *a, const void *b)
@@ -478,13 +526,22 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
     const int maxga = q.max_grad_accum > 0 ? q.max_grad_accum : 1;
     rows r = {0};
     dt_status st = DT_OK;
-    /* cp: the degrees that divide the world and split the sequence into 2 cp chunks (the others' rows would only
-       repeat the rule) */
-    for (int cp = 1; cp <= q.world && st >= 0; cp++) {
-        if (q.world % cp || (cp > 1 && c->seq % (2 * cp)))
+    /* cp: the degrees that divide the world, ring attention where the sequence splits into 2 cp chunks, Ulysses
+       where it splits into cp and cp divides a tp rank's heads; sequence parallelism with tp > 1 and cp 1 where tp
+       divides the sequence (the others' rows would only repeat the rule) */
+    for (int cpi = 0; cpi < 2 * q.world && st >= 0; cpi++) {
+        const int cp = cpi / 2 + 1;
+        const dt_cp_impl impl = cpi % 2 ? DT_CP_ULYSSES : DT_CP_RING;
+        if (q.world % cp || (cp == 1 && impl != DT_CP_RING))
             continue;
-        for (int tp = 1; tp * cp <= q.world && st >= 0; tp++) {
-            if ((q.world / cp) % tp)
+        if (cp > 1 && (impl == DT_CP_RING ? c->seq % (2 * cp) : c->seq % cp))
+            continue;
+        for (int tpi = 0; tpi < 2 * q.world && st >= 0; tpi++) {
+            const int tp = tpi / 2 + 1;
+            const bool seqp = tpi % 2;
+            if (tp * cp > q.world || (q.world / cp) % tp || (seqp && (tp == 1 || cp > 1 || c->seq % tp)))
+                continue;
+            if (impl == DT_CP_ULYSSES && (c->n_head % tp || (c->n_head / tp) % cp))
                 continue;
             for (int pp = 1; pp * tp * cp <= q.world && st >= 0; pp++) {
                 if ((q.world / cp / tp) % pp)
@@ -495,7 +552,8 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
                     for (int hy = 0; hy <= (zero == 3) && st >= 0; hy++) {
                         for (int ck = 0; ck <= 1 && st >= 0; ck++) {
                             for (int off = 0; off <= (zero >= 1) && st >= 0; off++) {
-                                dt_plan_layout l = {.dp = dp, .cp = cp, .tp = tp, .pp = pp, .zero_stage = zero,
+                                dt_plan_layout l = {.dp = dp, .cp = cp, .cp_impl = impl, .tp = tp, .sp = seqp,
+                                                    .pp = pp, .zero_stage = zero,
                                                     .hybrid = hy, .act_ckpt = ck, .offload = off,
                                                     .micro_batches = 1, .grad_accum = 1,
                                                     .wrap_min_params = zero >= 2 ? (int64_t)c->numel_block : 0};

@@ -2,13 +2,16 @@
  * dt_plan_predict) on a fixed calibration (no measuring: the numbers are
  * the test's), so the counts, the order and the reasons are exact:
  *   - the enumeration of a GPT-2-shaped model on 4 ranks, global batch 8:
- *     288 layouts (dp x tp x pp combinations x ZeRO/hybrid/offload x
+ *     972 layouts (dp x cp x tp x pp combinations, ring and Ulysses, tp
+ *     with and without sequence parallelism x ZeRO/hybrid/offload x
  *     checkpointing x batch splits), the feasible first, fastest first;
  *     every infeasible one with a reason and every feasible one without;
  *   - context parallelism: a rank's activations and compute are those of
  *     T / cp positions, the ring's volume per block and pass, its rules by
  *     name, and the search's choice where one sample's activations do
- *     not fit a rank;
+ *     not fit a rank; Ulysses' all-to-alls and rules; sequence parallelism
+ *     against tp alone (activations, compute, its collectives at their
+ *     curves, rules);
  *   - reasons by name: ZeRO-2 with tp, tp not dividing the heads, hybrid on
  *     one machine, offload without a directory, a batch that does not split;
  *   - the memory model: DDP's state is 16 bytes per parameter (AdamW, f32)
@@ -71,7 +74,7 @@ static const dt_plan_prediction *find(const dt_plan_prediction *r, int n, int dp
 {
     for (int i = 0; i < n; i++) {
         const dt_plan_layout *l = &r[i].layout;
-        if (l->cp <= 1 && l->dp == dp && l->tp == tp && l->pp == pp && l->zero_stage == zero && l->hybrid == hy &&
+        if (l->cp <= 1 && !l->sp && l->dp == dp && l->tp == tp && l->pp == pp && l->zero_stage == zero && l->hybrid == hy &&
             l->act_ckpt == ck && l->offload == off && l->batch == batch && l->grad_accum == ga)
             return &r[i];
     }
@@ -89,8 +92,9 @@ TEST(enumeration_counts_and_order)
     /* (tp, pp) in (1,1) (1,2) (1,4) (2,1) (2,2) (4,1); 18 sharding x checkpointing choices each; batch
        splits: dp4 ga 1,2; dp2 pp2 m 2,4; pp4 m 4,8; dp2 tp2 ga 1,2,4; tp2 pp2 m 2,4,8; tp4 ga 1,2,4,8; and
        context parallel (64 positions: 2 x cp chunks for cp 2 and 4): dp2 cp2 ga 1,2,4; cp2 tp2 ga 1,2,4,8;
-       cp4 ga 1,2,4,8; cp2 pp2 m 2,4,8 */
-    ASSERT_EQ_INT(n, 18 * (2 + 2 + 2 + 3 + 3 + 4) + 18 * (3 + 4 + 4 + 3));
+       cp4 ga 1,2,4,8; cp2 pp2 m 2,4,8, each with ring attention and with Ulysses (12 heads, 6 a tp rank: cp 2 and
+       4 divide them); sequence parallelism beside each tp > 1 without cp: dp2 tp2, tp2 pp2, tp4 */
+    ASSERT_EQ_INT(n, 18 * (2 + 2 + 2 + 3 + 3 + 4) + 2 * 18 * (3 + 4 + 4 + 3) + 18 * (3 + 3 + 4));
     int feasible = 0;
     for (int i = 0; i < n; i++) {
         ASSERT(r[i].feasible ? r[i].reason[0] == 0 : r[i].reason[0] != 0);
@@ -172,6 +176,93 @@ TEST(context_parallel)
     ASSERT(n > 0 && r[0].feasible);
     ASSERT_EQ_INT(r[0].layout.cp, 2);
     ASSERT(r[0].mem_bytes <= (double)sp.mem_per_rank);
+    dt_free(r);
+}
+
+/* Sequence parallelism against tp alone: the norms' inputs (two a block, the final one) kept on T / tp positions,
+ * the norms and residual adds split over tp, four all-gathers and four reduce-scatters a block (and the final
+ * gather) at their own curves in place of the four all-reduces; its rules by name. Ulysses against the ring: its
+ * all-to-alls (q, k, v and the output forward, 8 row widths backward, (cp - 1)/cp of each at the all-gather
+ * curve) and their packing copies; T divisible by cp (not 2 cp) and a tp rank's heads by cp. */
+TEST(sequence_parallel_and_ulysses)
+{
+    dt_plan_calib c = calib();
+    c.repl_block_s = 4e-4;
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2;
+    const dt_plan_layout tp2 = {.dp = 1, .tp = 2, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout sp2 = tp2;
+    sp2.sp = true;
+    dt_plan_prediction a, b;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp2, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &sp2, &b));
+    ASSERT(a.feasible && b.feasible);
+    const double s = 4.0 * 768 * (1 - 1.0 / 2); /* a norm's input: the half of its f32 row a rank does not keep */
+    ASSERT_NEAR(a.act_bytes - b.act_bytes, 2 * 64 * (12 * 2 + 1) * s, 1, 0);
+    const double act_mb = 2.0 * 64 * 768 * 4, share = act_mb / 2;
+    ASSERT_NEAR(a.comm_s, 4 * 12 * 2 * share / c.coll_bw + (4 * 12 + 4) * c.coll_lat_s, 0, 1e-9);
+    ASSERT_NEAR(b.comm_s,
+                49 * (share / c.ag_bw + c.ag_lat_s) + 49 * (share / c.rs_bw + c.rs_lat_s) + 3 * c.coll_lat_s, 0, 1e-9);
+    ASSERT(b.compute_s < a.compute_s); /* the norms and residual adds split */
+    char buf[160];
+    ASSERT_STR_EQ(dt_plan_layout_str(&sp2, buf, sizeof buf), "dp1 tp2 sp pp1 zero0 b2 ga1");
+    dt_plan_layout bad = sp2;
+    bad.tp = 1, bad.dp = 2;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
+    ASSERT_STR_CONTAINS(a.reason, "sequence parallelism needs tp > 1");
+    bad = sp2, bad.cp = 2; /* dp 1 x cp 2 x tp 2 */
+    sp.world = 4;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
+    ASSERT_STR_CONTAINS(a.reason, "sequence parallelism does not combine with context parallelism");
+    sp.world = 2;
+    c.seq = 63;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &sp2, &a));
+    ASSERT_STR_CONTAINS(a.reason, "the sequence of 63 does not split over tp 2 (sequence parallelism)");
+
+    /* Ulysses */
+    c = calib();
+    const dt_plan_layout ring = {.dp = 1, .cp = 2, .tp = 1, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout uly = ring;
+    uly.cp_impl = DT_CP_ULYSSES;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ring, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &uly, &b));
+    ASSERT(a.feasible && b.feasible);
+    ASSERT_NEAR(b.act_bytes, a.act_bytes, 1, 0);
+    ASSERT_NEAR(b.compute_s, a.compute_s, 0, 1e-12);
+    const double width = 2.0 * 32 * 768 * 4, psi = 12 * c.numel_block + c.numel_fixed;
+    const double a2a = 12 * (0.5 * 12 * width / c.ag_bw + 8 * c.ag_lat_s) + 12 * 2 * 12 * width / c.copy_bw;
+    ASSERT_NEAR(b.comm_s, 2.0 * 1 / 2 * 4 * psi / c.coll_bw + (1 + 1 + 3) * c.coll_lat_s + a2a, 0, 1e-9);
+    ASSERT_STR_EQ(dt_plan_layout_str(&uly, buf, sizeof buf), "dp1 cp2 ulysses tp1 pp1 zero0 b2 ga1");
+    /* 36 positions: not 2 x 4 ring chunks, but 4 Ulysses chunks */
+    c.seq = 36;
+    sp.world = 4;
+    bad = uly, bad.cp = 4;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
+    ASSERT(a.feasible);
+    bad.cp_impl = DT_CP_RING;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
+    ASSERT_STR_CONTAINS(a.reason, "does not split into the 2 x cp 4 chunks");
+    c.seq = 34; /* nor over cp 4 */
+    bad.cp_impl = DT_CP_ULYSSES;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
+    ASSERT_STR_CONTAINS(a.reason, "the sequence of 34 does not split over cp 4 (Ulysses)");
+    c = calib();
+    c.n_head = c.n_kv_head = 6; /* 3 a tp rank of 2: not over cp 2 */
+    bad = uly, bad.tp = 2;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
+    ASSERT_STR_CONTAINS(a.reason, "Ulysses: the 3 heads of a tp rank do not divide over cp 2");
+    /* the search lists both, and what it chooses it can run: no Ulysses row where the heads do not divide */
+    sp.global_batch = 4;
+    dt_plan_prediction *r = NULL;
+    int n = 0, nsp = 0, nuly = 0;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    for (int i = 0; i < n; i++) {
+        const dt_plan_layout *l = &r[i].layout;
+        nsp += l->sp, nuly += l->cp > 1 && l->cp_impl == DT_CP_ULYSSES;
+        ASSERT(!l->sp || (l->tp > 1 && l->cp <= 1));
+        ASSERT(!(l->cp > 1 && l->cp_impl == DT_CP_ULYSSES) || (6 / l->tp) % l->cp == 0);
+    }
+    ASSERT(nsp > 0 && nuly > 0);
     dt_free(r);
 }
 
@@ -739,6 +830,7 @@ TEST(zero3_units_alive_and_staging)
 int main(void)
 {
     RUN(enumeration_counts_and_order);
+    RUN(sequence_parallel_and_ulysses);
     RUN(reasons_by_name);
     RUN(context_parallel);
     RUN(memory_model_and_limit);

@@ -1,7 +1,8 @@
 /* dtrain plan and dtrain train --plan auto (tools/cmd_plan.c, train_plan.c):
- *   - --json: one object per layout (540 for gpt-micro on 4 ranks with the
- *     default global batch 8, 252 of them context parallel), ranked 1..n, with mem_per_rank_bytes,
- *     step_ms, the layout fields, feasible and reason; the feasible first;
+ *   - --json: one object per layout (828 for gpt-micro on 4 ranks with the
+ *     default global batch 8, 360 of them context parallel: 252 ring, 108
+ *     Ulysses; 180 tp with sequence parallelism), ranked 1..n, with mem_per_rank_bytes,
+ *     step_ms, the layout fields (cp_impl, sequence_parallel), feasible and reason; the feasible first;
  *   - a --mem-per-rank between DDP's and ZeRO-1's need (computed with the
  *     library on the same calibration file) refuses the DDP layout naming
  *     --mem-per-rank and keeps ZeRO-1 (gpt-micro's 137K parameters are
@@ -22,7 +23,11 @@
  *     does; beside a layout key (from the file or a flag) or with a value
  *     other than "auto" it exits 2 naming the key;
  *   - Llama: dtrain plan --model llama-tiny lists its layouts, and
- *     train --model llama-tiny --plan auto runs the planner's choice.
+ *     train --model llama-tiny --plan auto runs the planner's choice;
+ *   - --plan auto runs sequence parallelism and Ulysses when it chooses
+ *     them (made-up calibrations where each wins); with --sample-every it
+ *     takes the first layout without context parallelism and says so, or
+ *     exits 2 when none fits.
  * The calibration of the plan tests is a file the test writes (fixed
  * numbers), so the rows are exact; DT_CACHE_DIR keeps every cache in the
  * test's directory. */
@@ -98,8 +103,10 @@ TEST(json_shape)
         fprintf(stderr, "%s%s", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     int n = parse_lines(r.out, g_rows, 1024);
-    ASSERT_EQ_INT(n, 288 + 252); /* tests/plan/test_plan_search's count; the second term context parallel */
-    bool seen_infeasible = false, seen_cp = false;
+    /* tests/plan/test_plan_search's count; the second term context parallel (ring), the third tp with sequence
+       parallelism, the fourth Ulysses (gpt-micro's 2 heads divide over cp 2 only without tp) */
+    ASSERT_EQ_INT(n, 288 + 252 + 180 + 108);
+    bool seen_infeasible = false, seen_cp = false, seen_sp = false, seen_uly = false;
     for (int i = 0; i < n; i++) {
         const cJSON *o = g_rows[i];
         ASSERT_EQ_INT((int)num(o, "rank"), i + 1);
@@ -118,9 +125,21 @@ TEST(json_shape)
             ASSERT(!seen_infeasible); /* feasible ones first */
         ASSERT_EQ_INT((int)(num(o, "dp") * num(o, "cp") * num(o, "tp") * num(o, "pp")), 4);
         seen_cp |= num(o, "cp") > 1;
+        const cJSON *impl = cJSON_GetObjectItem(o, "cp_impl"), *seqp = cJSON_GetObjectItem(o, "sequence_parallel");
+        ASSERT(cJSON_IsString(impl) && cJSON_IsBool(seqp));
+        if (num(o, "cp") == 1)
+            ASSERT_STR_EQ(impl->valuestring, "none");
+        else if (num(o, "tp") > 1) /* one head a tp rank: no Ulysses */
+            ASSERT_STR_EQ(impl->valuestring, "ring");
+        else
+            ASSERT(!strcmp(impl->valuestring, "ring") || !strcmp(impl->valuestring, "ulysses"));
+        seen_uly |= !strcmp(impl->valuestring, "ulysses");
+        seen_sp |= cJSON_IsTrue(seqp);
+        ASSERT(!cJSON_IsTrue(seqp) || (num(o, "tp") > 1 && num(o, "cp") == 1));
         ASSERT(num(o, "mem_per_rank_bytes") > 20e6 && num(o, "step_ms") > 0);
     }
-    ASSERT(seen_infeasible && seen_cp && cJSON_IsTrue(cJSON_GetObjectItem(g_rows[0], "feasible")));
+    ASSERT(seen_infeasible && seen_cp && seen_sp && seen_uly);
+    ASSERT(cJSON_IsTrue(cJSON_GetObjectItem(g_rows[0], "feasible")));
     for (int i = 0; i < n; i++)
         cJSON_Delete(g_rows[i]);
 }
@@ -129,6 +148,7 @@ static const cJSON *row(int n, int dp, int zero, int batch, bool ck)
 {
     for (int i = 0; i < n; i++)
         if (num(g_rows[i], "dp") == dp && num(g_rows[i], "cp") == 1 && num(g_rows[i], "tp") == 1 &&
+            cJSON_IsFalse(cJSON_GetObjectItem(g_rows[i], "sequence_parallel")) &&
             num(g_rows[i], "pp") == 1 &&
             num(g_rows[i], "zero_stage") == zero && num(g_rows[i], "batch") == batch &&
             num(g_rows[i], "grad_accum") == 1 && cJSON_IsTrue(cJSON_GetObjectItem(g_rows[i], "act_ckpt")) == ck &&
@@ -157,7 +177,7 @@ TEST(mem_per_rank_refuses_by_name)
                         g_calib, NULL});
     ASSERT_EQ_INT(r.code, 0);
     int n = parse_lines(r.out, g_rows, 1024);
-    ASSERT_EQ_INT(n, 288 + 252);
+    ASSERT_EQ_INT(n, 288 + 252 + 180 + 108);
     const cJSON *a = row(n, 4, 0, 2, false), *b = row(n, 4, 1, 2, false);
     ASSERT(a && b);
     ASSERT(cJSON_IsFalse(cJSON_GetObjectItem(a, "feasible")));
@@ -171,7 +191,7 @@ TEST(mem_per_rank_refuses_by_name)
              (char *[]){"plan", "--model", "gpt-micro", "--world", "4", "--mem-per-rank", lim, "--calib", g_calib,
                         "--all", NULL});
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.out, "540 layouts:");
+    ASSERT_STR_CONTAINS(r.out, "828 layouts:");
     ASSERT_STR_CONTAINS(r.out, "rank  layout");
     ASSERT_STR_CONTAINS(r.out, "over --mem-per-rank");
     ASSERT_STR_CONTAINS(r.out, "   1  dp");
@@ -304,6 +324,10 @@ TEST(train_plan_auto_bad_combinations)
          {"--plan auto and --tp", "give one of the two"}},
         {{"train", "--model", "gpt-micro", "--data", g_data, "--zero", "3", "--plan", "auto", NULL},
          {"--plan auto and --zero", "give one of the two"}},
+        {{"train", "--model", "gpt-micro", "--data", g_data, "--plan", "auto", "--sequence-parallel", NULL},
+         {"--plan auto and --sequence-parallel", "give one of the two"}},
+        {{"train", "--model", "gpt-micro", "--data", g_data, "--cp-impl", "ulysses", "--plan", "auto", NULL},
+         {"--plan auto and --cp-impl", "give one of the two"}},
         {{"train", "--model", "gpt-micro", "--data", g_data, "--plan", "auto", "--activation-checkpointing", NULL},
          {"--plan auto and --activation-checkpointing", ""}},
         {{"train", "--model", "mlp", "--plan", "auto", NULL}, {"--plan auto plans the GPT-2 and Llama models", "mlp"}},
@@ -453,6 +477,92 @@ TEST(config_plan_auto)
     }
 }
 
+/* Runs `dtrain train --plan auto` on 2 ranks with calibration c cached for gpt-micro at 64 tokens and a
+ * DT_PLAN_MEM_PER_RANK of mem; first checks that the library's search under the same parameters chooses a
+ * layout whose text holds `want`, then that the run chose it, said so, and trained. */
+static void auto_runs(const dt_plan_calib *c, double mem, const char *want, const char *name, const char *says)
+{
+    char cache[400], path[500], env[64], m[400];
+    snprintf(cache, sizeof cache, "%s/%s-cache", cli_tmpdir(), name);
+    ASSERT_EQ_INT(mkdir(cache, 0755), 0);
+    snprintf(path, sizeof path, "%s/plan-gpt-micro-s64-f32.calib", cache);
+    ASSERT_OK(dt_plan_calib_save(c, path));
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.ranks_per_machine = 2, sp.global_batch = 2, sp.mem_per_rank = (size_t)mem;
+    dt_plan_prediction *rows = NULL;
+    int n = 0;
+    ASSERT_OK(dt_plan_search(&sp, c, &rows, &n));
+    char buf[160];
+    ASSERT(n > 0 && rows[0].feasible);
+    ASSERT_STR_CONTAINS(dt_plan_layout_str(&rows[0].layout, buf, sizeof buf), want);
+    dt_free(rows);
+    setenv("DT_CACHE_DIR", cache, 1);
+    snprintf(env, sizeof env, "DT_PLAN_MEM_PER_RANK=%.0f", mem);
+    snprintf(m, sizeof m, "%s/%s.jsonl", cli_tmpdir(), name);
+    cli_result r;
+    cli_run_ranks(&r, 300, env, 2, 1,
+                  (char *const *const[]){(char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--plan", "auto",
+                                                    "--batch", "1", "--optimizer", "adamw", "--max-steps", "2",
+                                                    "--no-eval", "--metrics", m, "--progress", "plain", NULL}});
+    setenv("DT_CACHE_DIR", cli_tmpdir(), 1);
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    char chose[200];
+    snprintf(chose, sizeof chose, "--plan auto chose %s", buf);
+    ASSERT_STR_CONTAINS(r.err, chose);
+    ASSERT_STR_CONTAINS(r.out, says); /* the run's own line: what it set up */
+    cJSON *e = end_record(m);
+    ASSERT(e && num(e, "predicted_step_ms") > 0 && num(e, "step_ms") > 0);
+    cJSON_Delete(e);
+}
+
+/* --plan auto runs what it chose, sequence parallelism and Ulysses included: calibrations made up so that each
+ * wins (the library's search says so first), and the run prints that choice and trains with it */
+TEST(train_plan_auto_runs_sp_and_ulysses)
+{
+    /* Ulysses: activations so large that only half a sample's positions fit a rank (cp 2 with 2 accumulated
+       forwards of one sample), all-reduce calls slow (the ring's steps) and all-gathers fast (the all-to-alls) */
+    dt_plan_calib c = micro_calib();
+    c.act_block = c.act_block_ckpt = 1e6, c.act_fixed = 1e6;
+    c.coll_lat_s = 10e-3, c.ag_bw = c.rs_bw = 1e12, c.ag_lat_s = c.rs_lat_s = 1e-6, c.copy_bw = 1e12;
+    const double base = c.base_rss + 16.0 * (2 * c.numel_block + c.numel_fixed) * 2;
+    /* 36 positions' activations: cp 2's 32 fit, a pipeline stage's 2 micro-batches of 64 do not */
+    auto_runs(&c, base + 36 * (2 * 1e6 + 1e6), "dp1 cp2 ulysses tp1", "auto_uly",
+              "context parallel: 2 ranks per sequence (each holds 1/2 of the positions), ulysses attention");
+    /* --sample-every generates on one rank: no context parallelism. Within 48 positions the pipeline fits and runs,
+       said to be the first layout without context parallelism; within 36 nothing else fits */
+    char cache[400], env[64];
+    snprintf(cache, sizeof cache, "%s/auto_uly-cache", cli_tmpdir());
+    setenv("DT_CACHE_DIR", cache, 1);
+    for (int tight = 0; tight < 2; tight++) {
+        snprintf(env, sizeof env, "DT_PLAN_MEM_PER_RANK=%.0f", base + (tight ? 36 : 48) * (2 * 1e6 + 1e6));
+        cli_result r;
+        cli_run_ranks(&r, 300, env, 2, 1,
+                      (char *const *const[]){(char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--plan",
+                                                        "auto", "--batch", "1", "--optimizer", "adamw", "--max-steps",
+                                                        "2", "--sample-every", "1", "--no-eval", "--progress", "none",
+                                                        NULL}});
+        if (r.code != (tight ? 2 : 0))
+            fprintf(stderr, "%s%s", r.out, r.err);
+        ASSERT_EQ_INT(r.code, tight ? 2 : 0);
+        if (tight)
+            ASSERT_STR_CONTAINS(r.err, "splits the sequence (context parallelism), which --sample-every does not "
+                                       "combine with");
+        else
+            ASSERT_STR_CONTAINS(r.err, "; the first without context parallelism, which --sample-every needs (the "
+                                       "first with it: ");
+    }
+    setenv("DT_CACHE_DIR", cli_tmpdir(), 1);
+    /* sequence parallelism: a model state that fits a rank only split in two (tp or pp), ZeRO's page faults
+       slow, all-reduce calls slow (tp's four a block) and all-gathers and reduce-scatters fast */
+    c = micro_calib();
+    c.numel_block = 2e7, c.fault_bw = c.fault_huge_bw = 1e6;
+    c.coll_lat_s = 10e-3, c.ag_bw = c.rs_bw = 1e12, c.ag_lat_s = c.rs_lat_s = 1e-6;
+    auto_runs(&c, c.base_rss + 12.0 * (2 * c.numel_block + c.numel_fixed), "dp1 tp2 sp pp1", "auto_sp",
+              "; sequence parallel (each holds 1/N of the tokens between the blocks)");
+}
+
 TEST(llama_plan_and_auto)
 {
     cli_result r;
@@ -503,6 +613,7 @@ int main(void)
     RUN(metrics_end_record_has_predictions);
     RUN(config_plan_auto);
     RUN(llama_plan_and_auto);
+    RUN(train_plan_auto_runs_sp_and_ulysses);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;
