@@ -16,8 +16,17 @@
 #include <unistd.h>
 
 static const char *g_train_as; /* dt__cli_err_command */
+static char *g_capture;          /* dt__cli_err_capture */
+static size_t g_capture_n;
 
 void dt__cli_err_command(const char *cmd) { g_train_as = cmd; }
+
+void dt__cli_err_capture(char *buf, size_t n)
+{
+    g_capture = buf && n ? buf : NULL, g_capture_n = n;
+    if (g_capture)
+        g_capture[0] = '\0';
+}
 
 void dt__cli_err(const char *fmt, ...)
 {
@@ -47,6 +56,12 @@ void dt__cli_err(const char *fmt, ...)
     int nl = len && msg[len - 1] == '\n'; /* the line's own end stays a newline */
     if (nl)
         msg[--len] = '\0';
+    if (g_capture) { /* the last line, escaped, without its newline */
+        dt_escape(msg, g_capture, g_capture_n);
+        if (msg != small)
+            free(msg);
+        return;
+    }
     size_t cap = 4 * len + 8; /* each byte escapes to at most 4 */
     char *out = malloc(cap);
     if (out) {

@@ -88,6 +88,10 @@ void dt__cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * with cmd set ("dtrain eval"), a line dt__cli_err prints that starts with
  * "dtrain train:" starts with "cmd:" instead. NULL: as written. */
 void dt__cli_err_command(const char *cmd);
+/* While buf is set (n bytes), dt__cli_err writes its line into buf (escaped,
+ * without the newline; the last line wins) instead of printing it: for a
+ * check run only to learn whether, and why, it refuses. NULL: print again. */
+void dt__cli_err_capture(char *buf, size_t n);
 
 /* An output file a flag names, checked before any work (bad input, exit 2,
  * rather than an I/O failure at the end): a name given, not a symbolic

@@ -925,6 +925,11 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --sequence-parallel needs a GPT or Llama model and --tp N > 1\n");
         return 2;
     }
+    if (o->sequence_parallel && (o->lora_targets || o->lora_from)) {
+        dt__cli_err("dtrain train: --sequence-parallel does not combine with LoRA (--lora-targets, --lora-from): "
+                    "tensor parallelism without sequence parallelism does\n");
+        return 2;
+    }
     if ((o->cp_impl || o->cp_balance) && o->cp <= 1) {
         dt__cli_err("dtrain train: --cp-impl and --cp-balance need --cp N > 1\n");
         return 2;

@@ -162,6 +162,24 @@ static void layout_params(const dt__train_opts *o, int world, int64_t seq, dt_pl
     sp->sgd_momentum = o->momentum > 0;
 }
 
+/* The run's options for layout l (ring with the causal balance or Ulysses without: their defaults). */
+static void apply_layout(dt__train_opts *o, const dt_plan_layout *l)
+{
+    static const char *const stages[4] = {"0", "1", "2", "3"};
+    o->dp = l->dp, o->tp = l->tp, o->pp = l->pp;
+    o->cp = l->cp > 1 ? l->cp : 0;
+    o->cp_impl = l->cp > 1 ? dt_cp_impl_name(l->cp_impl) : NULL;
+    o->sequence_parallel = l->tp > 1 && l->sp;
+    o->zero = l->hybrid ? NULL : stages[l->zero_stage & 3];
+    o->fsdp = l->hybrid ? "hybrid_shard" : NULL;
+    o->batch = l->batch;
+    o->micro_batches = l->pp > 1 ? l->micro_batches : 0;
+    o->grad_accum = l->grad_accum;
+    o->act_ckpt = l->act_ckpt;
+    o->wrap_min_params = l->wrap_min_params; /* ZeRO-2/3: a unit per block, as predicted */
+    o->layout_flag = NULL;
+}
+
 int dt__train_plan_auto(dt__train_opts *o)
 {
     int64_t seq = 0;
@@ -206,43 +224,44 @@ int dt__train_plan_auto(dt__train_opts *o)
         dt_free(rows);
         return 2;
     }
-    double cp_fastest = 0; /* > 0: the choice passed over faster context-parallel layouts (--sample-every) */
-    if (o->sample_every && rows[0].layout.cp > 1) { /* generation runs on one rank: no context parallelism */
-        int k = 1;
-        while (k < n && rows[k].feasible && rows[k].layout.cp > 1)
-            k++;
-        if (k == n || !rows[k].feasible) {
-            dt__cli_err("dtrain train: --plan auto: every layout of %s on %d ranks that fits %.2f GiB per rank splits "
-                        "the sequence (context parallelism), which --sample-every does not combine with\n", o->model,
-                        world, mem / (1024.0 * 1024 * 1024));
-            dt_free(rows);
-            return 2;
+    /* the first feasible layout the run's other options allow (--sample-every refuses tp and cp, LoRA sequence
+       parallelism): the run's own checks on a copy of the options with the layout, their message kept */
+    int k = 0;
+    char refused[600] = "", msg[512];
+    for (; k < n && rows[k].feasible; k++) {
+        dt__train_opts t = *o;
+        apply_layout(&t, &rows[k].layout);
+        dt__cli_err_capture(msg, sizeof msg);
+        const int bad = dt__train_check(&t);
+        dt__cli_err_capture(NULL, 0);
+        if (!bad)
+            break;
+        if (!k) { /* the first one's reason, without the command's name */
+            char lay[160];
+            const char *m = strncmp(msg, "dtrain train: ", 14) ? msg : msg + 14;
+            snprintf(refused, sizeof refused, "%s, %.1f ms: %s", dt_plan_layout_str(&rows[0].layout, lay, sizeof lay),
+                     rows[0].step_s * 1e3, m);
         }
+    }
+    if (k == n || !rows[k].feasible) {
+        dt__cli_err("dtrain train: --plan auto: every layout of %s on %d ranks that fits %.2f GiB per rank is one "
+                    "this run's other options refuse; the first, %s\n", o->model, world,
+                    mem / (1024.0 * 1024 * 1024), refused);
+        dt_free(rows);
+        return 2;
+    }
+    if (k) {
         const dt_plan_prediction keep = rows[k];
-        cp_fastest = rows[0].step_s;
         memmove(rows + 1, rows, sizeof *rows * (size_t)k);
         rows[0] = keep;
     }
     const dt_plan_layout *l = &rows[0].layout;
-    static const char *const stages[4] = {"0", "1", "2", "3"};
-    o->dp = l->dp, o->tp = l->tp, o->pp = l->pp;
-    o->cp = l->cp > 1 ? l->cp : 0; /* ring with the causal balance or Ulysses without (their defaults) */
-    o->cp_impl = l->cp > 1 ? dt_cp_impl_name(l->cp_impl) : NULL;
-    o->sequence_parallel = l->tp > 1 && l->sp;
-    o->zero = stages[l->zero_stage & 3];
-    o->fsdp = l->hybrid ? "hybrid_shard" : NULL;
-    if (l->hybrid)
-        o->zero = NULL;
-    o->batch = l->batch;
-    o->micro_batches = l->pp > 1 ? l->micro_batches : 0;
-    o->grad_accum = l->grad_accum;
-    o->act_ckpt = l->act_ckpt;
-    o->wrap_min_params = l->wrap_min_params; /* ZeRO-2/3: a unit per block, as predicted */
+    apply_layout(o, l);
     int feasible = 0;
     while (feasible < n && rows[feasible].feasible)
         feasible++;
     if (main_rank) {
-        char a[160], b[160], why[128];
+        char a[160], b[160], why[800];
         /* dt_plan_search puts the simplest of the layouts predicted within DT_PLAN_SIMPLER_WITHIN of the fastest
            first: say so when the choice is not itself the fastest (it said "the fastest" over a runner-up 1%
            faster) */
@@ -250,9 +269,8 @@ int dt__train_plan_auto(dt__train_opts *o)
         for (int i = 1; i < feasible; i++)
             if (rows[i].step_s < fastest)
                 fastest = rows[i].step_s;
-        if (cp_fastest > 0)
-            snprintf(why, sizeof why, "the first without context parallelism, which --sample-every needs (the "
-                     "first with it: %.1f ms)", cp_fastest * 1e3);
+        if (k)
+            snprintf(why, sizeof why, "the first this run's other options allow (refused: %s)", refused);
         else if (fastest < rows[0].step_s)
             snprintf(why, sizeof why, "the simplest of those within %g%% of the fastest (%.1f ms)",
                      DT_PLAN_SIMPLER_WITHIN * 100, fastest * 1e3);
@@ -270,7 +288,6 @@ int dt__train_plan_auto(dt__train_opts *o)
                     rows[1].step_s * 1e3, 100.0 * (rows[1].step_s / rows[0].step_s - 1));
     }
     dt_free(rows);
-    o->layout_flag = NULL;
     return dt__train_check(o);
 }
 

@@ -25,9 +25,10 @@
  *   - Llama: dtrain plan --model llama-tiny lists its layouts, and
  *     train --model llama-tiny --plan auto runs the planner's choice;
  *   - --plan auto runs sequence parallelism and Ulysses when it chooses
- *     them (made-up calibrations where each wins); with --sample-every it
- *     takes the first layout without context parallelism and says so, or
- *     exits 2 when none fits.
+ *     them (made-up calibrations where each wins); it takes the first
+ *     layout the run's other options allow (--sample-every refuses cp,
+ *     LoRA sequence parallelism) and says what it passed over and why, or
+ *     exits 2 when every layout that fits is refused.
  * The calibration of the plan tests is a file the test writes (fixed
  * numbers), so the rows are exact; DT_CACHE_DIR keeps every cache in the
  * test's directory. */
@@ -521,6 +522,8 @@ static void auto_runs(const dt_plan_calib *c, double mem, const char *want, cons
  * wins (the library's search says so first), and the run prints that choice and trains with it */
 TEST(train_plan_auto_runs_sp_and_ulysses)
 {
+    char cache[400], env[64];
+    cli_result r;
     /* Ulysses: activations so large that only half a sample's positions fit a rank (cp 2 with 2 accumulated
        forwards of one sample), all-reduce calls slow (the ring's steps) and all-gathers fast (the all-to-alls) */
     dt_plan_calib c = micro_calib();
@@ -532,12 +535,10 @@ TEST(train_plan_auto_runs_sp_and_ulysses)
               "context parallel: 2 ranks per sequence (each holds 1/2 of the positions), ulysses attention");
     /* --sample-every generates on one rank: no context parallelism. Within 48 positions the pipeline fits and runs,
        said to be the first layout without context parallelism; within 36 nothing else fits */
-    char cache[400], env[64];
     snprintf(cache, sizeof cache, "%s/auto_uly-cache", cli_tmpdir());
     setenv("DT_CACHE_DIR", cache, 1);
     for (int tight = 0; tight < 2; tight++) {
         snprintf(env, sizeof env, "DT_PLAN_MEM_PER_RANK=%.0f", base + (tight ? 36 : 48) * (2 * 1e6 + 1e6));
-        cli_result r;
         cli_run_ranks(&r, 300, env, 2, 1,
                       (char *const *const[]){(char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--plan",
                                                         "auto", "--batch", "1", "--optimizer", "adamw", "--max-steps",
@@ -547,11 +548,10 @@ TEST(train_plan_auto_runs_sp_and_ulysses)
             fprintf(stderr, "%s%s", r.out, r.err);
         ASSERT_EQ_INT(r.code, tight ? 2 : 0);
         if (tight)
-            ASSERT_STR_CONTAINS(r.err, "splits the sequence (context parallelism), which --sample-every does not "
-                                       "combine with");
+            ASSERT_STR_CONTAINS(r.err, "is one this run's other options refuse; the first, dp1 cp2 ulysses tp1");
         else
-            ASSERT_STR_CONTAINS(r.err, "; the first without context parallelism, which --sample-every needs (the "
-                                       "first with it: ");
+            ASSERT_STR_CONTAINS(r.err, "; the first this run's other options allow (refused: dp1 cp2 ulysses tp1");
+        ASSERT_STR_CONTAINS(r.err, "--cp 2 does not combine with --sample-every");
     }
     setenv("DT_CACHE_DIR", cli_tmpdir(), 1);
     /* sequence parallelism: a model state that fits a rank only split in two (tp or pp), ZeRO's page faults
@@ -561,6 +561,22 @@ TEST(train_plan_auto_runs_sp_and_ulysses)
     c.coll_lat_s = 10e-3, c.ag_bw = c.rs_bw = 1e12, c.ag_lat_s = c.rs_lat_s = 1e-6;
     auto_runs(&c, c.base_rss + 12.0 * (2 * c.numel_block + c.numel_fixed), "dp1 tp2 sp pp1", "auto_sp",
               "; sequence parallel (each holds 1/N of the tokens between the blocks)");
+    /* with LoRA, which sequence parallelism refuses, the first layout it allows runs, and says why */
+    snprintf(cache, sizeof cache, "%s/auto_sp-cache", cli_tmpdir());
+    setenv("DT_CACHE_DIR", cache, 1);
+    snprintf(env, sizeof env, "DT_PLAN_MEM_PER_RANK=%.0f", c.base_rss + 12.0 * (2 * c.numel_block + c.numel_fixed));
+    cli_run_ranks(&r, 300, env, 2, 1,
+                  (char *const *const[]){(char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--plan", "auto",
+                                                    "--batch", "1", "--optimizer", "adamw", "--max-steps", "2",
+                                                    "--lora-targets", "c_attn", "--no-eval", "--progress", "plain",
+                                                    NULL}});
+    setenv("DT_CACHE_DIR", cli_tmpdir(), 1);
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "; the first this run's other options allow (refused: dp1 tp2 sp pp1");
+    ASSERT_STR_CONTAINS(r.err, "--sequence-parallel does not combine with LoRA");
+    ASSERT(!strstr(r.out, "sequence parallel (each holds"));
 }
 
 TEST(llama_plan_and_auto)

@@ -288,7 +288,7 @@ TEST(sequence_parallel_refused)
     static cli_result r;
     run(&r, &g_gpt, 2, "8", outp(&g_gpt, "sp.jsonl"), (char *[]){"--tp", "2", "--sequence-parallel", NULL});
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "LoRA with sequence parallelism is not supported");
+    ASSERT_STR_CONTAINS(r.err, "--sequence-parallel does not combine with LoRA");
 }
 
 int main(void)

@@ -226,7 +226,11 @@ static long minor_faults(void)
 /* After the warm-up and two steps, five more steps fault no page in: the
  * arena, the workspaces and the gradient and optimizer buffers are reused,
  * nothing is returned to the system and taken back each step. Counted, not
- * timed. */
+ * timed. The kernel may itself move a few of the process's pages while
+ * other processes press on memory (compaction, huge-page collapse), which
+ * faults them in again once: so up to three windows of five steps are
+ * counted and one must see no fault (a step that faults each time faults
+ * in every window). */
 static void steady_steps_fault_nothing(const char *name, long batch)
 {
     dt_set_num_threads(2);
@@ -237,12 +241,17 @@ static void steady_steps_fault_nothing(const char *name, long batch)
     ASSERT_OK(dt_trainer_prepare(r.tr, &r.b, NULL));
     for (int i = 0; i < 2; i++)
         ASSERT_OK(dt_trainer_step(r.tr, &r.b, 1, NULL));
-    long f0 = minor_faults();
-    for (int i = 0; i < 5; i++)
-        ASSERT_OK(dt_trainer_step(r.tr, &r.b, 1, NULL));
-    long f = minor_faults() - f0;
+    long f = -1;
+    for (int w = 0; w < 3 && f != 0; w++) {
+        long f0 = minor_faults();
+        for (int i = 0; i < 5; i++)
+            ASSERT_OK(dt_trainer_step(r.tr, &r.b, 1, NULL));
+        f = minor_faults() - f0;
+        if (f != 0)
+            fprintf(stderr, "%s: %ld minor page faults over 5 steady steps (window %d of 3)\n", name, f, w + 1);
+    }
     if (f != 0)
-        TEST_FAIL_("%s: %ld minor page faults over 5 steady steps (0 expected)", name, f);
+        TEST_FAIL_("%s: minor page faults in each of 3 windows of 5 steady steps (0 expected)", name);
     rig_free(&r);
 }
 
