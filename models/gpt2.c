@@ -241,22 +241,24 @@ static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
     return dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1)));
 }
 
-/* A dropout module on x [B, R, ...]. Under sequence parallelism x holds the rank's chunk of the sequence (rows
- * [r T/t, (r+1) T/t) of tp rank r), under context parallelism (cp) the rank's rows of the cp layout
- * (dt_cp_position): either draws its part of the whole sequence's mask (dt_dropout_at), as one process does */
+/* A dropout module on x [B, R, ...]. Under sequence parallelism x holds the rank's chunk of its rows (rows
+ * [r R, (r+1) R) of tp rank r), under context parallelism (cp) its rows are the rank's rows of the cp layout
+ * (dt_cp_position), under both the tp rank's chunk of the cp rank's rows: each draws its part of the whole
+ * sequence's mask (dt_dropout_at), as one process does */
 static dt_tensor *drop_forward(dt_ctx *ctx, dt_module *drop, dt_tensor *x, dt_pg *sp, const dt_cp_params *cp)
 {
     if ((!sp && !cp) || !x || !dt_module_is_training(drop) || cfg(drop).p == 0.0f)
         return dt_module_forward(ctx, drop, x);
-    const int64_t R = x->shape[1], T = R * dt_pg_size(sp ? sp : cp->group);
+    const int64_t R = x->shape[1], rows = R * (sp ? dt_pg_size(sp) : 1); /* the rank's rows before the tp split */
+    const int64_t T = rows * (cp ? dt_pg_size(cp->group) : 1), r0 = sp ? dt_pg_rank(sp) * R : 0;
     dt_cp_layout l;
-    if (!sp && dt_cp_layout_of(cp, T, &l) < 0)
+    if (cp && dt_cp_layout_of(cp, T, &l) < 0)
         return NULL;
     int64_t *pos = dt_ctx_alloc(ctx, (size_t)R * sizeof *pos);
     if (!pos)
         return NULL;
     for (int64_t r = 0; r < R; r++)
-        pos[r] = sp ? dt_pg_rank(sp) * R + r : dt_cp_position(&l, r);
+        pos[r] = cp ? dt_cp_position(&l, r0 + r) : r0 + r;
     return dt_dropout_at(ctx, x, cfg(drop).p, true, dt_module_dropout_key(drop), pos, T);
 }
 
@@ -294,7 +296,7 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
         x = dt_tp_sp_gather(ctx, sp, x, 1);
         h = dt_bias_gelu_tanh(ctx, dt_addmm(ctx, x, dt_module_param(fc, 0), NULL), dt_module_param(fc, 1));
         h = row_sp(ctx, child(self, "c_proj"), h, sp);
-        return drop_forward(ctx, child(self, "dropout"), h, sp, NULL);
+        return drop_forward(ctx, child(self, "dropout"), h, sp, cp_of(ud));
     }
     if (dt_module_tree_plain(fc)) { /* nothing observes c_fc alone: fuse its bias into the GELU */
         dt_pg *tp = dt_tp_module_group(fc); /* column-parallel: its input goes through f */
@@ -577,11 +579,8 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp, gpt_rt *rt)
     return b;
 }
 
-static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp, const dt_cp_params *cp)
+static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp)
 {
-    if (cp && sp)
-        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: context parallelism with tensor parallelism's sequence "
-                        "parallelism is not supported yet (use one of the two)");
     if (tp && g->n_head >= 1 && g->n_head % dt_pg_size(tp))
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_head %lld is not divisible by the tensor-parallel size %d (each "
                         "rank computes whole heads)", (long long)g->n_head, dt_pg_size(tp));
@@ -608,7 +607,7 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     dt_pg *tp = c->tp && dt_pg_size(c->tp) > 1 ? c->tp : NULL;
     const bool sp = c->sequence_parallel && tp; /* without tensor parallelism (or a group of one): plain */
     const dt_cp_params *cp = cp_of(&c->cp);
-    if ((st = check_config(&g, tp, sp, cp)) < 0)
+    if ((st = check_config(&g, tp)) < 0)
         return st;
     if (sp && c->build.lora) /* its sequence-parallel forwards call the layers' weights directly */
         return dt_error(DT_ERR_UNSUPPORTED, "gpt2: LoRA with sequence parallelism is not supported (tensor "
@@ -619,9 +618,11 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
                         (long long)T, (long long)g.block_size);
     if (cp && (st = dt_cp_check(cp, T, g.n_head / (tp ? dt_pg_size(tp) : 1))) < 0)
         return dt_error_wrap(st, "gpt2");
-    if (sp && T % dt_pg_size(tp))
-        return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is not divisible by the tensor-parallel size "
-                        "%d (sequence parallelism splits the tokens)", (long long)T, dt_pg_size(tp));
+    const int64_t Tr = cp ? T / dt_pg_size(cp->group) : T; /* a cp rank's rows (dt_cp_check: whole) */
+    if (sp && Tr % dt_pg_size(tp))
+        return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld%s is not divisible by the tensor-parallel "
+                        "size %d (sequence parallelism splits the tokens)", (long long)Tr,
+                        cp ? " (a context-parallel rank's)" : "", dt_pg_size(tp));
     gpt_rt *rt = calloc(1, sizeof *rt);
     if (!rt)
         return dt_error(DT_ERR_NO_MEMORY, "gpt2: out of memory");

@@ -858,9 +858,6 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (sp && c.build.lora) /* its forwards call o_proj's and down_proj's weights directly */
         return dt_error(DT_ERR_UNSUPPORTED, "llama: LoRA with sequence parallelism is not supported (tensor "
                         "parallelism without it is)");
-    if (sp && c.cp.group && dt_pg_size(c.cp.group) > 1)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism and context parallelism both split the "
-                        "sequence: use one of the two");
     if (tp) {
         const int t = dt_pg_size(tp);
         const struct {
@@ -882,9 +879,11 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");
-    if (sp && T % dt_pg_size(tp))
-        return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is not divisible by the tensor-parallel size "
-                        "%d (sequence parallelism splits the tokens)", (long long)T, dt_pg_size(tp));
+    const int64_t Tr = cp ? T / dt_pg_size(c.cp.group) : T; /* a cp rank's rows (dt_cp_check: whole) */
+    if (sp && Tr % dt_pg_size(tp))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld%s is not divisible by the tensor-parallel "
+                        "size %d (sequence parallelism splits the tokens)", (long long)Tr,
+                        cp ? " (a context-parallel rank's)" : "", dt_pg_size(tp));
     llama_rt *rt = calloc(1, sizeof *rt);
     const bool lr = lc->rope_type == DT_ROPE_LONGROPE, local = lc->rope_local_theta > 0.0;
     if (!rt || !(rt->attn = calloc((size_t)lc->num_hidden_layers, sizeof *rt->attn)) ||

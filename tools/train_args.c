@@ -225,7 +225,8 @@ static const opt_def opts[] = {
     {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
      "GPT-2 and Llama models with --tp: sequence parallelism (Megatron): the norms and residuals on each rank's 1/N "
      "of the tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by "
-     "N, dropout's masks the single-process ones); with --pp the stages pass each rank's rows"},
+     "N, dropout's masks the single-process ones); with --pp the stages pass each rank's rows; with --cp a cp rank's "
+     "positions split again over its tp ranks"},
     {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",
      "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "
      "the same batch and keep their part of the positions; attention runs over the group (--cp-impl), the rest "
@@ -937,7 +938,6 @@ int dt__train_check(dt__train_opts *o)
     if (o->cp > 1) {
         const char *no = !strcmp(o->model, "convnet") || !strncmp(o->model, "mlp", 3)
                              ? "this --model (it has no sequence to split: GPT and Llama models have)"
-                         : o->sequence_parallel ? "--sequence-parallel (use one of the two)"
                          : o->sample_every ? "--sample-every (generation runs on one rank; the ranks of a "
                                              "context-parallel model run the forward together)"
                          : o->offload ? "--offload" : NULL;

@@ -149,8 +149,10 @@ typedef struct dt_model_config {
                                      et al.): the norms and residuals on the rank's T/t tokens, all-gather
                                      and reduce-scatter in place of f and g; the same values as
                                      without (dropout too: a rank's tokens draw their part of
-                                     the masks, dt_dropout_at). Needs seq divisible by the
-                                     group size (else DT_ERR_INVALID_ARG); ignored
+                                     the masks, dt_dropout_at). Needs seq (with cp: a cp
+                                     rank's seq / cp, which it splits again) divisible by the
+                                     group size (else DT_ERR_INVALID_ARG); not with LoRA
+                                     (DT_ERR_UNSUPPORTED); ignored
                                      without tp (or a group of one) and by the MLP. Default
                                      false */
     dt_cp_params cp;              /* context parallelism (cp.h) over cp.group (borrowed; must outlive
@@ -341,7 +343,8 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * heads' part of the one-process mask, a context-parallel one its rows'.
  * c->sequence_parallel with tp: Megatron's sequence parallelism, the norms
  * and residual adds on the rank's T/t rows (T divisible by t, else
- * DT_ERR_INVALID_ARG; not with LoRA or cp: DT_ERR_UNSUPPORTED); its
+ * DT_ERR_INVALID_ARG; with cp a cp rank's T/cp rows split again; not with
+ * LoRA: DT_ERR_UNSUPPORTED); its
  * pipeline units then pass the rank's rows between stages (the embedding
  * unit splits them, the final norm's gathers them for the head). */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,

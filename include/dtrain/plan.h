@@ -277,7 +277,7 @@ DT_API void dt_plan_free(dt_plan *pl);
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
  * m) from the measured bytes per token (context parallelism: a rank keeps
  * seq / cp of them; sequence parallelism keeps the norms' inputs, two
- * per block and the final one, on seq / tp positions). Step time = compute (per-token core-seconds x
+ * per block and the final one, on seq / (cp tp) positions). Step time = compute (per-token core-seconds x
  * tokens plus the fixed cost of each pass (micro-batch, accumulated
  * forward), split over tp and pp, the pipeline bubble (pp - 1) / m of the
  * stage's work, ranks sharing the machine's cores: a rank's threads are
@@ -412,8 +412,8 @@ typedef struct dt_plan_layout {
                                  balance, the sequence in 2 cp chunks) or DT_CP_ULYSSES (DeepSpeed-
                                  Ulysses' all-to-all: a tp rank's heads and the sequence divisible by cp) */
     bool sp;                  /* tp > 1: sequence parallelism (Megatron's: the norms and residual adds on
-                                 a rank's T/tp positions, all-gathers and reduce-scatters in place of
-                                 tp's all-reduces; the sequence divisible by tp). Not with cp */
+                                 a rank's T/(cp tp) positions, all-gathers and reduce-scatters in place
+                                 of tp's all-reduces; a cp rank's T/cp positions divisible by tp) */
     int zero_stage;           /* 0 (DDP) .. 3; with tp or pp > 1: 0 or 1 */
     bool hybrid;              /* ZeRO-3 sharded within each machine only (FSDP HYBRID_SHARD) */
     int64_t batch;            /* samples per rank per forward (--batch; with pp: the whole batch a
@@ -477,7 +477,7 @@ DT_API dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_c
 /* Every layout of p (dp x cp x tp x pp = world, tp dividing the heads, pp at
  * most the blocks, cp dividing the sequence into 2 cp chunks (ring) or cp
  * dividing the sequence and a tp rank's heads (Ulysses); tp > 1 with and
- * without sequence parallelism (cp 1); ZeRO 0-3 and
+ * without sequence parallelism; ZeRO 0-3 and
  * hybrid; batch split into gradient
  * accumulation (1, 2, 4, ... up to max_grad_accum) or pipeline micro-
  * batches (pp .. 4 pp, dividing the replica's samples); checkpointing off

@@ -2,7 +2,7 @@
  * dt_plan_predict) on a fixed calibration (no measuring: the numbers are
  * the test's), so the counts, the order and the reasons are exact:
  *   - the enumeration of a GPT-2-shaped model on 4 ranks, global batch 8:
- *     972 layouts (dp x cp x tp x pp combinations, ring and Ulysses, tp
+ *     1116 layouts (dp x cp x tp x pp combinations, ring and Ulysses, tp
  *     with and without sequence parallelism x ZeRO/hybrid/offload x
  *     checkpointing x batch splits), the feasible first, fastest first;
  *     every infeasible one with a reason and every feasible one without;
@@ -93,8 +93,9 @@ TEST(enumeration_counts_and_order)
        splits: dp4 ga 1,2; dp2 pp2 m 2,4; pp4 m 4,8; dp2 tp2 ga 1,2,4; tp2 pp2 m 2,4,8; tp4 ga 1,2,4,8; and
        context parallel (64 positions: 2 x cp chunks for cp 2 and 4): dp2 cp2 ga 1,2,4; cp2 tp2 ga 1,2,4,8;
        cp4 ga 1,2,4,8; cp2 pp2 m 2,4,8, each with ring attention and with Ulysses (12 heads, 6 a tp rank: cp 2 and
-       4 divide them); sequence parallelism beside each tp > 1 without cp: dp2 tp2, tp2 pp2, tp4 */
-    ASSERT_EQ_INT(n, 18 * (2 + 2 + 2 + 3 + 3 + 4) + 2 * 18 * (3 + 4 + 4 + 3) + 18 * (3 + 3 + 4));
+       4 divide them); sequence parallelism beside each tp > 1: dp2 tp2, tp2 pp2, tp4, and cp2 tp2 (ring and
+       Ulysses) */
+    ASSERT_EQ_INT(n, 18 * (2 + 2 + 2 + 3 + 3 + 4) + 2 * 18 * (3 + 4 + 4 + 3) + 18 * (3 + 3 + 4) + 2 * 18 * 4);
     int feasible = 0;
     for (int i = 0; i < n; i++) {
         ASSERT(r[i].feasible ? r[i].reason[0] == 0 : r[i].reason[0] != 0);
@@ -210,14 +211,18 @@ TEST(sequence_parallel_and_ulysses)
     bad.tp = 1, bad.dp = 2;
     ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
     ASSERT_STR_CONTAINS(a.reason, "sequence parallelism needs tp > 1");
-    bad = sp2, bad.cp = 2; /* dp 1 x cp 2 x tp 2 */
+    /* with cp 2: a rank's 32 positions, 16 a tp rank between the blocks */
+    dt_plan_layout cpsp = sp2, cptp = tp2;
+    cpsp.cp = cptp.cp = 2;
     sp.world = 4;
-    ASSERT_OK(dt_plan_predict(&sp, &c, &bad, &a));
-    ASSERT_STR_CONTAINS(a.reason, "sequence parallelism does not combine with context parallelism");
+    ASSERT_OK(dt_plan_predict(&sp, &c, &cptp, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &cpsp, &b));
+    ASSERT(a.feasible && b.feasible);
+    ASSERT_NEAR(a.act_bytes - b.act_bytes, 2 * 32 * (12 * 2 + 1) * s, 1, 0);
     sp.world = 2;
     c.seq = 63;
     ASSERT_OK(dt_plan_predict(&sp, &c, &sp2, &a));
-    ASSERT_STR_CONTAINS(a.reason, "the sequence of 63 does not split over tp 2 (sequence parallelism)");
+    ASSERT_STR_CONTAINS(a.reason, "the 63 positions of a rank do not split over tp 2 (sequence parallelism)");
 
     /* Ulysses */
     c = calib();
@@ -259,7 +264,7 @@ TEST(sequence_parallel_and_ulysses)
     for (int i = 0; i < n; i++) {
         const dt_plan_layout *l = &r[i].layout;
         nsp += l->sp, nuly += l->cp > 1 && l->cp_impl == DT_CP_ULYSSES;
-        ASSERT(!l->sp || (l->tp > 1 && l->cp <= 1));
+        ASSERT(!l->sp || (l->tp > 1 && c.seq / (l->cp > 1 ? l->cp : 1) % l->tp == 0));
         ASSERT(!(l->cp > 1 && l->cp_impl == DT_CP_ULYSSES) || (6 / l->tp) % l->cp == 0);
     }
     ASSERT(nsp > 0 && nuly > 0);

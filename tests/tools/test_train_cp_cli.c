@@ -3,13 +3,15 @@
  * (relative 1e-5, f32): ring attention and Ulysses, with and without the
  * causal load balance, cp 2 and cp 4, cp 2 x pp 2 (each cp rank its own
  * pipeline); dp 2 x cp 2 (DDP and ZeRO-2) gives
- * the 2-rank DDP run's losses; cp 2 x tp 2, cp 2 with activation
+ * the 2-rank DDP run's losses; cp 2 x tp 2 (with sequence parallelism
+ * too, alone and inside pp 2), cp 2 with activation
  * checkpointing and cp 2 under ZeRO-3 the single-process ones; in bf16
  * (the attention widened to f32) cp 2 follows the one-process bf16 run
  * (whose attention kernel works on bf16 operands; the sums run in another
  * order too): the first step's loss within 2e-4, the first five within
  * 5e-3, all 20 within 3e-2; with --dropout 0.1, ring and Ulysses, cp 2 and
- * 4, also x tp 2 (and tp 2 alone), the one-process losses and dp 2 x cp 2
+ * 4, also x tp 2 (and tp 2 alone, and cp 2 x tp 2 with sequence
+ * parallelism), the one-process losses and dp 2 x cp 2
  * the 2-rank DDP ones (GPT-2's dropouts and Llama's attention dropout), cp 2
  * x pp 2 and tp 2 x pp 2 the pp 2 run's (a pipeline's masks are its micro-
  * batches', keyed by the replica); a
@@ -158,8 +160,9 @@ TEST(gpt_cp_composes_with_dp_and_tp)
 }
 
 /* cp 2 x tp 2 for the Llama (tp 2: 2 query heads and 1 kv head a rank;
- * RoPE at the global positions of the rank's rows), ring and Ulysses,
- * against one process */
+ * RoPE at the global positions of the rank's rows), ring and Ulysses, with
+ * sequence parallelism, and with it inside 2 pipeline stages, against one
+ * process */
 TEST(llama_cp_composes_with_tp)
 {
     double one[64];
@@ -170,6 +173,14 @@ TEST(llama_cp_composes_with_tp)
             "[0] tensor parallel: 2 ranks per group");
     same_as("llama-tiny", 4, "llama_cp2tp2_u", (char *[]){"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", NULL},
             one, n, "ulysses attention");
+    /* with sequence parallelism (a cp rank's rows split again over its tp ranks between the blocks), Ulysses,
+       and inside 2 pipeline stages (8 ranks) */
+    same_as("llama-tiny", 4, "llama_cp2tp2sp_u",
+            (char *[]){"--cp", "2", "--tp", "2", "--sequence-parallel", "--cp-impl", "ulysses", NULL}, one, n,
+            "; sequence parallel (each holds 1/N of the tokens between the blocks)");
+    same_as("llama-tiny", 8, "llama_cp2tp2sp_pp2",
+            (char *[]){"--cp", "2", "--tp", "2", "--sequence-parallel", "--pp", "2", "--micro-batches", "2", NULL},
+            one, n, "; sequence parallel (each holds 1/N of the tokens between the blocks)");
 }
 
 /* ZeRO-3 over the cp ranks (they shard the parameters as replicas do):
@@ -283,6 +294,8 @@ TEST(cp_option_errors)
         "sequence length 15 is not a multiple of 2 (cp 2)");
     bad(2, (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--n-head", "1", NULL},
         "Ulysses attention needs the heads (1 on this rank) divisible by cp 2");
+    bad(4, (char *[]){"--cp", "2", "--cp-balance", "off", "--tp", "2", "--sequence-parallel", "--seq", "6", NULL},
+        "sequence length 3 (a context-parallel rank's) is not divisible by the tensor-parallel size 2");
     bad(4, (char *[]){"--cp", "3", NULL}, "--cp 3 needs a multiple of 3 ranks; this job has 4");
     bad(4, (char *[]){"--cp", "2", "--dp", "1", NULL}, "--dp 1 x --cp 2 x --tp 1 x --pp 1 is 2 ranks; this job has 4");
     static cli_result r;
@@ -346,6 +359,9 @@ static void dropout_cases(const char *model)
          "gradients reduced over 2 data-parallel x 2 context-parallel ranks"},
         {4, "cp2tp2r", {"--cp", "2", "--tp", "2", "--dropout", "0.1", NULL}, false,
          "[0] tensor parallel: 2 ranks per group"},
+        /* sequence parallelism inside: a tp rank's half of its cp rank's rows draws its part of the masks */
+        {4, "cp2tp2sp", {"--cp", "2", "--tp", "2", "--sequence-parallel", "--dropout", "0.1", NULL}, false,
+         "; sequence parallel (each holds 1/N of the tokens between the blocks)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(tag, sizeof tag, "%s_%s_drop", model, cases[i].name);
