@@ -260,10 +260,10 @@ static void usage(FILE *f)
             "                   [--precision fp32|bf16] [--json] [--all] [--calib FILE] [--recalibrate]\n"
             "\n"
             "Lists the layouts of a GPT-2 or Llama model on N ranks of this machine (dp x cp x tp x pp:\n"
-            "context parallelism as ring attention; ZeRO stage 0-3 and hybrid, gradient accumulation or\n"
-            "pipeline micro-batches, activation checkpointing, optimizer offload), each with its predicted\n"
-            "peak memory per rank and step time, feasible\n"
-            "ones fastest first, then infeasible ones with the reason.\n"
+            "context parallelism as ring attention or Ulysses, tensor parallelism with or without sequence\n"
+            "parallelism; ZeRO stage 0-3 and hybrid, gradient accumulation or pipeline micro-batches,\n"
+            "activation checkpointing, optimizer offload), each with its predicted peak memory per rank and\n"
+            "step time, feasible ones fastest first, then infeasible ones with the reason.\n"
             "\n"
             "  --world N            ranks (required)\n"
             "  --model M            gpt2 | gpt2-medium | gpt2-large | gpt2-xl | gpt-mini | gpt-micro | llama-tiny |\n"
@@ -272,6 +272,9 @@ static void usage(FILE *f)
             "  --mem-per-rank B     bytes one rank may use (K/M/G suffixes); default: MemAvailable / N\n"
             "  --global-batch B     samples per optimizer step over all replicas (default 2 N)\n"
             "  --precision P        fp32 (default) or bf16 parameters\n"
+            "  --lora-targets NAMES LoRA fine-tuning (as dtrain train's): the model's parameters frozen, only\n"
+            "                       the adapters on these layers train (comma-separated, or all-linear)\n"
+            "  --lora-r R           LoRA's rank (default 8)\n"
             "  --json               one JSON object per layout (mem_per_rank_bytes, step_ms, the layout\n"
             "                       fields, feasible, reason), ranked\n"
             "  --all                the table lists every infeasible layout (default: the first 10)\n"
@@ -282,8 +285,8 @@ static void usage(FILE *f)
 
 int dt_cmd_plan(int argc, char **argv)
 {
-    const char *model = "gpt2", *calib = NULL, *prec = "fp32";
-    int64_t seq = 0, world = 0, gb = 0;
+    const char *model = "gpt2", *calib = NULL, *prec = "fp32", *lora = NULL;
+    int64_t seq = 0, world = 0, gb = 0, lora_r = 0;
     double mem = 0;
     bool json = false, all = false, fresh = false;
     for (int i = 1; i < argc; i++) {
@@ -291,7 +294,7 @@ int dt_cmd_plan(int argc, char **argv)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = !strcmp(a, "--model") || !strcmp(a, "--seq") || !strcmp(a, "--world") ||
                      !strcmp(a, "--mem-per-rank") || !strcmp(a, "--global-batch") || !strcmp(a, "--precision") ||
-                     !strcmp(a, "--calib");
+                     !strcmp(a, "--calib") || !strcmp(a, "--lora-targets") || !strcmp(a, "--lora-r");
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
             return usage(stdout), 0;
         if (takes && !v)
@@ -302,6 +305,13 @@ int dt_cmd_plan(int argc, char **argv)
             calib = v, i++;
         else if (!strcmp(a, "--precision"))
             prec = v, i++;
+        else if (!strcmp(a, "--lora-targets"))
+            lora = v, i++;
+        else if (!strcmp(a, "--lora-r")) {
+            if (dt_parse_int("--lora-r", v, 1, 65536, &lora_r) < 0)
+                return dt__cli_err("dtrain plan: %s\n", dt_last_error()), 2;
+            i++;
+        }
         else if (!strcmp(a, "--seq")) {
             if (dt_parse_int("--seq", v, 2, 1 << 20, &seq) < 0)
                 return dt__cli_err("dtrain plan: %s\n", dt_last_error()), 2;
@@ -330,6 +340,8 @@ int dt_cmd_plan(int argc, char **argv)
     }
     if (!world)
         return dt__cli_err("dtrain plan: --world N is required (the ranks to plan for)\n"), usage(stderr), 2;
+    if (lora_r && !lora)
+        return dt__cli_err("dtrain plan: --lora-r goes with --lora-targets NAMES\n"), 2;
     dt_dtype dt;
     if (!strcmp(prec, "fp32"))
         dt = DT_F32;
@@ -357,6 +369,8 @@ int dt_cmd_plan(int argc, char **argv)
         return rc;
     dt_plan_search_params sp = dt_plan_search_params_default();
     sp.world = (int)world, sp.global_batch = gb, sp.mem_per_rank = (size_t)mem;
+    if (lora && dt_plan_lora_measure(model, lora, lora_r, seq, dt, &sp.lora) < 0)
+        return dt__cli_err("dtrain plan: --lora-targets %s: %s\n", lora, dt_last_error()), 2;
     dt_plan_prediction *rows = NULL;
     int n = 0;
     if (dt_plan_search(&sp, &c, &rows, &n) < 0)
@@ -379,6 +393,12 @@ int dt_cmd_plan(int argc, char **argv)
                how, c.coll_bw / 1e9, c.coll_lat_s * 1e6,
                c.ag_bw / 1e9, c.ag_lat_s * 1e6, c.rs_bw / 1e9, c.rs_lat_s * 1e6, c.fault_bw / 1e9,
                c.fault_huge_bw / 1e9, c.thp ? "2 MiB huge pages" : "no transparent huge pages here: 4 KiB");
+        if (lora)
+            printf("LoRA on %s (r %lld): %.0f adapter parameters a block train, the model's %.0f frozen; measured: "
+                   "%.0f activation bytes a token a block (without LoRA %.0f), a pass %.2f of the full one's "
+                   "compute\n", lora, (long long)(lora_r ? lora_r : dt_lora_params_default().r), sp.lora.block,
+                   c.numel_block * (double)c.n_layer + c.numel_fixed, sp.lora.act_block, c.act_block,
+                   sp.lora.fb_ratio);
         printf("%d layouts: %d feasible\n", n, nfeas);
         dt__plan_table_head(stdout);
         int shown = 0;

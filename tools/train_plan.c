@@ -162,6 +162,17 @@ static void layout_params(const dt__train_opts *o, int world, int64_t seq, dt_pl
     sp->sgd_momentum = o->momentum > 0;
 }
 
+/* LoRA measured into sp (the run's targets and rank, at seq tokens): 0, or 2 after saying why. */
+static int layout_lora(const dt__train_opts *o, int64_t seq, dt_plan_search_params *sp)
+{
+    if (!o->lora_targets)
+        return 0;
+    if (dt_plan_lora_measure(o->model, o->lora_targets, o->lora_r, seq, plan_dtype(o), &sp->lora) < 0)
+        return dt__cli_err("dtrain train: the planner: --lora-targets %s: %s\n", o->lora_targets, dt_last_error()),
+               2;
+    return 0;
+}
+
 /* The run's options for layout l (ring with the causal balance or Ulysses without: their defaults). */
 static void apply_layout(dt__train_opts *o, const dt_plan_layout *l)
 {
@@ -206,6 +217,8 @@ int dt__train_plan_auto(dt__train_opts *o)
         return rc;
     dt_plan_search_params sp;
     layout_params(o, world, seq, &sp);
+    if ((rc = layout_lora(o, seq, &sp)))
+        return rc;
     sp.global_batch = o->batch * world;
     const char *env = getenv("DT_PLAN_MEM_PER_RANK");
     double mem = env && *env ? dt__plan_parse_bytes(env) : mem_total() / sp.ranks_per_machine;
@@ -304,6 +317,8 @@ int dt__train_predict(const dt__train_opts *o, int world, int tp, int pp, int cp
         return 0; /* said why; the end record goes without a prediction */
     dt_plan_search_params sp;
     layout_params(o, world, seq, &sp);
+    if (layout_lora(o, seq, &sp))
+        return 0; /* said why; the end record goes without a prediction */
     const int mp = tp * pp * cp; /* the replicas: the world over the model's parallel degrees */
     dt_cp_impl impl = DT_CP_RING;
     if (o->cp_impl && dt_cp_impl_parse(o->cp_impl, &impl) < 0) /* checked by the parser */

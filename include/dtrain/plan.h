@@ -296,7 +296,10 @@ DT_API void dt_plan_free(dt_plan *pl);
  * alls (q, k, v and the output forward; those, the output's gradient and
  * q, k, v's backward; at the all-gather curve, and their packing copies),
  * the gradients reduced over dp x cp) + the optimizer
- * step over the rank's shard. Among the feasible layouts predicted within
+ * step over the rank's shard. LoRA (dt_plan_search_params.lora): the
+ * frozen model in the parameter dtype, unsharded; the adapters' state,
+ * gradients and reductions; LoRA's measured activations and compute ratio.
+ * Among the feasible layouts predicted within
  * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
  * tensor or pipeline parallelism; no checkpointing or accumulation before
  * them), as DeepSpeed's autotuner prefers the simpler at equal speed.
@@ -428,6 +431,21 @@ typedef struct dt_plan_layout {
                                  parameters */
 } dt_plan_layout;
 
+/* LoRA fine-tuning as the planner predicts it: the model's own parameters
+ * frozen (kept in the parameter dtype on their tp slice and stage, never
+ * sharded; no gradients, optimizer state or masters), the adapters
+ * training (whole on each tp rank: an upper bound), and the activations
+ * and compute of a LoRA pass as measured on the model's copies. */
+typedef struct dt_plan_lora {
+    double block, fixed;      /* adapter parameters per block and outside the blocks */
+    double act_block;         /* activation bytes per token of a block with its adapters (replaces the
+                                 calibration's act_block; measured the same way) */
+    double act_fixed;         /* the same for the rest (embeddings, head, loss) */
+    double fb_ratio;          /* core-seconds of a LoRA forward + backward over the same copy's without LoRA
+                                 (the frozen layers' weight gradients are not computed): the calibrated
+                                 compute is scaled by it */
+} dt_plan_lora;
+
 /* What dt_plan_search is asked. */
 typedef struct dt_plan_search_params {
     int world;                /* ranks (>= 1) */
@@ -442,9 +460,23 @@ typedef struct dt_plan_search_params {
                                  from the measured AdamW step by the bytes it streams (SGD 3 of
                                  AdamW's 7 streams, with momentum 5); default DT_OPTIM_ADAMW */
     bool sgd_momentum;        /* DT_OPTIM_SGD with momentum */
+    dt_plan_lora lora;        /* lora.block > 0: LoRA fine-tuning (dt_plan_lora_measure); default all 0:
+                                 every parameter trains */
 } dt_plan_search_params;
 /* world 1, one machine, no memory limit, global batch 0 (world x 2), AdamW. */
 DT_API dt_plan_search_params dt_plan_search_params_default(void);
+/* Measure LoRA on `model` (as dt_plan_calibrate names it) with targets
+ * (comma-separated layer names, or "all-linear"; as dt_lora_params.targets)
+ * and rank r (0: the default, 8) at seq tokens (0: 128, at most the
+ * model's positions) in dtype (DT_F32, DT_BF16): copies of the model with
+ * one and two blocks, with and without the adapters, each counted (the
+ * parameters that train) and run (one sample's forward + backward, the
+ * best of 3 after a warm-up: CPU time and the arena's peak) into *out.
+ * Seconds, and memory for the copies' embeddings; not cached. Errors: the
+ * model's and LoRA's (a target that matches no layer: DT_ERR_NOT_FOUND),
+ * named. */
+DT_API dt_status dt_plan_lora_measure(const char *model, const char *targets, int64_t r, int64_t seq, dt_dtype dtype,
+                                      dt_plan_lora *out);
 
 /* One layout and what it is predicted to cost. */
 typedef struct dt_plan_prediction {

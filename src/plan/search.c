@@ -32,7 +32,10 @@
  * ranks outnumber cores (the shared-memory transport copies with the same
  * CPUs). The optimizer steps the rank's shard (AdamW timed on written
  * gradients), and the trainer scans the same gradients for non-finite
- * values once a step. NVMe offload adds the
+ * values once a step. LoRA: only the adapters train (state, gradients,
+ * reductions, optimizer), the frozen model is kept whole in the parameter
+ * dtype on each rank's slice, and LoRA's own measured activations and
+ * compute ratio replace the calibration's. NVMe offload adds the
  * state's traffic at a fixed 1 GB/s (not measured). */
 #include "dtrain/plan.h"
 
@@ -148,6 +151,12 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     if (p->world < 1 || c->n_layer < 1 || c->seq < 1)
         return dt_error(DT_ERR_INVALID_ARG, "dt_plan_predict: world %d, calibration of %lld layers at seq %lld",
                         p->world, (long long)c->n_layer, (long long)c->seq);
+    const dt_plan_lora *lr = &p->lora;
+    if (!(lr->block >= 0) || !(lr->fixed >= 0) || !(lr->act_block >= 0) || !(lr->act_fixed >= 0) ||
+        (lr->block > 0 && !(lr->fb_ratio > 0)))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_plan_predict: LoRA's adapters %g per block and %g outside them, "
+                        "activations %g and %g bytes a token, compute ratio %g (>= 0; the ratio > 0)", lr->block,
+                        lr->fixed, lr->act_block, lr->act_fixed, lr->fb_ratio);
     memset(out, 0, sizeof *out);
     out->layout = *l;
     out->feasible = true;
@@ -177,6 +186,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
                    cp);
     if (l->sp && tp == 1)
         infeasible(out, "sequence parallelism needs tp > 1");
+    if (sp && lr->block > 0)
+        infeasible(out, "sequence parallelism does not combine with LoRA");
     if (sp && (c->seq % cp || (c->seq / cp) % tp))
         infeasible(out, "the %lld positions of a rank do not split over tp %d (sequence parallelism)",
                    (long long)(c->seq / cp), tp);
@@ -228,7 +239,12 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         if (blocks_last < 1)
             blocks_last = 1;
     }
-    const double numel_rank = (blocks_rank * c->numel_block + c->numel_fixed) / tp;
+    /* the parameters that train (LoRA: the adapters, whole on each tp rank; the model's own frozen: kept in the
+       parameter dtype on their tp slice and stage, never sharded, no gradients or optimizer state) */
+    const bool lora = lr->block > 0;
+    const double nb = lora ? lr->block : c->numel_block, nf = lora ? lr->fixed : c->numel_fixed;
+    const double numel_rank = (blocks_rank * nb + nf) / (lora ? 1 : tp);
+    const double frozen_rank = lora ? (blocks_rank * c->numel_block + c->numel_fixed) / tp : 0;
     dt_mem_policy mp = {.numel = (size_t)numel_rank,
                         .world = shard_dp,
                         .zero_stage = l->zero_stage,
@@ -242,26 +258,27 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     dt_status st = dt_mem_model_states(&mp, &e);
     if (st < 0)
         return st;
-    out->state_bytes = e.total + (c->dtype == DT_BF16 ? 4.0 * e.master / 4.0 : 0); /* bf16: f32 gradient copies */
     const double pb = mp.param_bytes;
+    out->state_bytes = e.total + (c->dtype == DT_BF16 ? 4.0 * e.master / 4.0 : 0) /* bf16: f32 gradient copies */
+                       + pb * frozen_rank;
     double zero3_largest = 0; /* ZeRO-3's largest unit, parameters */
     if (l->zero_stage >= 2 && shard_dp > 1) {
         /* units: blocks grouped until they reach wrap_min_params; the embeddings (and the rest) one more */
-        double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / c->numel_block) : L;
+        double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / nb) : L;
         if (per_unit > L)
             per_unit = L;
-        double largest = per_unit * c->numel_block;
+        double largest = per_unit * nb;
         if (l->wrap_min_params <= 0)
             largest = numel_rank; /* one unit: the whole model */
-        else if (c->numel_fixed > largest)
-            largest = c->numel_fixed;
+        else if (nf > largest)
+            largest = nf;
         /* ZeRO-2: the whole gradients of two units (one being reduced, one being written; at most the
            model's), less the rank's shard, which lives in them and the state counts (measured, one unit:
            ZeRO-2 2035 MiB against ZeRO-1's 2030); ZeRO-3: zero3_gathered */
         zero3_largest = largest;
         if (l->zero_stage == 3)
-            out->gathered_bytes = zero3_gathered(pb, l->wrap_min_params > 0 ? c->numel_fixed / tp : numel_rank,
-                                                 l->wrap_min_params > 0 ? per_unit * c->numel_block / tp : 0);
+            out->gathered_bytes = zero3_gathered(pb, l->wrap_min_params > 0 ? nf / tp : numel_rank,
+                                                 l->wrap_min_params > 0 ? per_unit * nb / tp : 0);
         else
             out->gathered_bytes = pb * (2 * largest < numel_rank ? 2 * largest : numel_rank) * (1 - 1.0 / shard_dp);
     }
@@ -273,10 +290,11 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        a block's two and the final norm's (measured, llama-100m at 1024 tokens on tp 2: 37 MiB less, as this
        predicts; GPT-2 124M 66 MiB less). A checkpointed block keeps only its input, which is one of them */
     const double sp_norm = sp ? 4.0 * (double)c->n_embd * (1.0 - 1.0 / tp) : 0;
-    const double blk = fmax(l->act_ckpt ? c->act_block_ckpt - sp_norm : c->act_block - 2 * sp_norm, 0);
-    const double one_blk = l->act_ckpt ? fmax(c->act_block - 2 * sp_norm, 0) : 0; /* the block being recomputed */
+    const double act_block = lora ? lr->act_block : c->act_block, act_fixed = lora ? lr->act_fixed : c->act_fixed;
+    const double blk = fmax(l->act_ckpt ? c->act_block_ckpt - sp_norm : act_block - 2 * sp_norm, 0);
+    const double one_blk = l->act_ckpt ? fmax(act_block - 2 * sp_norm, 0) : 0; /* the block being recomputed */
     double act_first = mb * Tr * (pp > 1 ? (double)(pp < m ? pp : m) : 1.0) * blocks_rank * blk;
-    double act_last = mb * Tr * (blocks_last * blk + fmax(c->act_fixed / tp - sp_norm, 0));
+    double act_last = mb * Tr * (blocks_last * blk + fmax(act_fixed / tp - sp_norm, 0));
     if (pp == 1)
         act_first = 0;
     double act = (act_first > act_last ? act_first : act_last) + mb * Tr * one_blk;
@@ -325,9 +343,10 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double tok_blk_rank = (tok_blk - tok_rep) / tp + (sp ? tok_rep / tp : tok_rep);
     /* context parallelism: a rank's rows (Tr of each sample) at the cost per token measured over the whole
        sequence (each row still attends to every earlier position: the balance gives each rank its share) */
-    const double replica_blocks = samples_replica * Tr * L * tok_blk_rank; /* one tp (and cp) rank's, over pp */
-    const double replica_fixed = samples_replica * Tr * tok_fix / tp;
-    const double replica_pass = passes * (L * pass_blk + pass_fix) / tp;
+    const double lscale = lora ? lr->fb_ratio : 1.0; /* LoRA: the frozen layers' weight gradients not computed */
+    const double replica_blocks = samples_replica * Tr * L * tok_blk_rank * lscale; /* one tp (and cp) rank's, / pp */
+    const double replica_fixed = samples_replica * Tr * tok_fix / tp * lscale;
+    const double replica_pass = passes * (L * pass_blk + pass_fix) / tp * lscale;
     /* a rank's threads (cores / ranks) cost more core-seconds than one does (calibrated at 1 and at
        c->threads threads, interpolated) */
     const double thr = per_rank_cores > 1 ? per_rank_cores : 1;
@@ -353,7 +372,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double fault_rate = l->zero_stage == 2 && c->fault_huge_bw > 0 ? c->fault_huge_bw : bw4k;
     const double fault_work = passes * fresh / fault_rate;
     double stage_work = tcost * (replica_blocks + replica_fixed + replica_pass) / pp + fault_work;
-    const double head_work = tcost * (replica_fixed + passes * pass_fix / tp);
+    const double head_work = tcost * (replica_fixed + passes * pass_fix / tp * lscale);
     if (pp > 1 && head_work > stage_work) /* but the head is one unit: the last stage has it whole */
         stage_work = head_work;
     const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0); /* bubble (pp-1)/(m+pp-1) */
@@ -384,7 +403,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         double ring = 2.0 * (red - 1) / red * grad_bytes;
         /* ZeRO-2/3's units as the run wraps them (wrap_min_params: blocks grouped until they reach it;
            the embeddings and the rest the root unit) */
-        double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / c->numel_block) : blocks_rank;
+        double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / nb) : blocks_rank;
         if (per_unit < 1)
             per_unit = 1;
         const double units = ceil(blocks_rank / per_unit) + (l->wrap_min_params > 0 ? 1 : 0);
@@ -393,7 +412,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         else if (l->zero_stage == 2) /* a reduce-scatter per unit per pass; the updated shards gathered once */
             vol += ring / 2 * (ga + 1), calls += ga * units + 1;
         else
-            t_zero3 = ga * zero3_pass_comm(c, red, pb, numel_rank, units > 1 ? blocks_rank * c->numel_block / tp : 0,
+            t_zero3 = ga * zero3_pass_comm(c, red, pb, numel_rank, units > 1 ? blocks_rank * nb / tp : 0,
                                            units);
     }
     const double act_mb = mb * Tr * (double)c->n_embd * 4.0;

@@ -39,6 +39,9 @@
  *   - ZeRO-2's gradient re-faults at the huge-page figure, ZeRO-3's at the
  *     4 KiB one, ZeRO-1 none; the non-finite scan charged per parameter a
  *     rank steps; a calibration holds both fault figures and the scan's;
+ *   - LoRA: the frozen model in the parameter dtype and unsharded, the
+ *     adapters' state, gradients and reductions, LoRA's measured
+ *     activations and compute ratio (dt_plan_lora_measure's counts exact);
  *   - "dtrain": {"plan": "auto"} in a config (dt_plan_config_auto,
  *     dt_plan_from_config): accepted alone, refused by name beside a
  *     layout key, "auto" values allowed. */
@@ -269,6 +272,53 @@ TEST(sequence_parallel_and_ulysses)
     }
     ASSERT(nsp > 0 && nuly > 0);
     dt_free(r);
+}
+
+/* LoRA: the model's parameters frozen (in the parameter dtype, on the rank's tp slice, never sharded), the
+ * adapters training (their state, gradients and the reductions are theirs only), the activations measured for
+ * LoRA, the compute scaled by the measured ratio; sequence parallelism refused by name; bad figures refused.
+ * dt_plan_lora_measure on llama-tiny: q_proj's and v_proj's adapters (r 8: 8 x (64 + 64) and 8 x (64 + 32)). */
+TEST(lora_frozen_and_measured)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 4, sp.cores = 4;
+    const dt_plan_layout ddp = {.dp = 4, .tp = 1, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout z3 = ddp;
+    z3.zero_stage = 3;
+    dt_plan_prediction full, a, b;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &full));
+    sp.lora = (dt_plan_lora){.block = 1000, .fixed = 0, .act_block = 2 * c.act_block, .act_fixed = c.act_fixed,
+                             .fb_ratio = 0.7};
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &b));
+    ASSERT(a.feasible && b.feasible);
+    const double psi = 12 * c.numel_block + c.numel_fixed, ad = 12 * 1000;
+    ASSERT_NEAR(a.state_bytes, 16 * ad + 4 * psi, 64, 0);             /* the adapters' AdamW state, the frozen */
+    ASSERT_NEAR(b.state_bytes, 16 * ad / 4 + 4 * psi, 64, 0);         /* ZeRO-3 shards only the adapters' */
+    ASSERT_NEAR(a.buffer_bytes, 0.75 * 4 * ad, 64, 0);                /* the peers' adapter gradient pages */
+    ASSERT_NEAR(a.act_bytes, 2 * 64 * (12 * 2 * c.act_block + c.act_fixed), 1, 0);
+    ASSERT_NEAR(a.compute_s, 0.7 * full.compute_s, 0, 1e-9);
+    ASSERT(a.comm_s < full.comm_s && a.optim_s < full.optim_s / 100);
+    dt_plan_layout sp2 = {.dp = 2, .tp = 2, .sp = true, .pp = 1, .batch = 4, .micro_batches = 1, .grad_accum = 1};
+    ASSERT_OK(dt_plan_predict(&sp, &c, &sp2, &a));
+    ASSERT_STR_CONTAINS(a.reason, "sequence parallelism does not combine with LoRA");
+    sp.lora.fb_ratio = 0;
+    ASSERT_STATUS(dt_plan_predict(&sp, &c, &ddp, &a), DT_ERR_INVALID_ARG);
+    sp.lora = (dt_plan_lora){.block = 1000, .act_block = -1, .fb_ratio = 1};
+    ASSERT_STATUS(dt_plan_predict(&sp, &c, &ddp, &a), DT_ERR_INVALID_ARG);
+    /* measured */
+    dt_plan_lora lr;
+    ASSERT_OK(dt_plan_lora_measure("llama-tiny", "q_proj,v_proj", 0, 32, DT_F32, &lr));
+    ASSERT_NEAR(lr.block, 8 * (64 + 64) + 8 * (64 + 32), 0.5, 0);
+    ASSERT_NEAR(lr.fixed, 0, 0.5, 0);
+    ASSERT(lr.act_block > 0 && lr.act_fixed > 0 && lr.fb_ratio > 0 && lr.fb_ratio < 3);
+    ASSERT_OK(dt_plan_lora_measure("llama-tiny", "all-linear", 4, 32, DT_F32, &lr));
+    ASSERT_NEAR(lr.block, 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 176) + (176 + 64)), 0.5, 0);
+    ASSERT_STATUS(dt_plan_lora_measure("llama-tiny", "no_such_layer", 0, 32, DT_F32, &lr), DT_ERR_NOT_FOUND);
+    ASSERT_STR_CONTAINS(dt_last_error(), "no_such_layer");
+    ASSERT_STATUS(dt_plan_lora_measure("llama-tiny", "", 0, 32, DT_F32, &lr), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_plan_lora_measure("mlp", "c_attn", 0, 32, DT_F32, &lr), DT_ERR_UNSUPPORTED);
 }
 
 TEST(reasons_by_name)
@@ -836,6 +886,7 @@ int main(void)
 {
     RUN(enumeration_counts_and_order);
     RUN(sequence_parallel_and_ulysses);
+    RUN(lora_frozen_and_measured);
     RUN(reasons_by_name);
     RUN(context_parallel);
     RUN(memory_model_and_limit);

@@ -24,6 +24,8 @@
  *     other than "auto" it exits 2 naming the key;
  *   - Llama: dtrain plan --model llama-tiny lists its layouts, and
  *     train --model llama-tiny --plan auto runs the planner's choice;
+ *   - dtrain plan --lora-targets: the frozen model's state, the adapters'
+ *     (counted), sequence parallelism refused; bad LoRA flags exit 2;
  *   - --plan auto runs sequence parallelism and Ulysses when it chooses
  *     them (made-up calibrations where each wins); it takes the first
  *     layout the run's other options allow (--sample-every refuses cp,
@@ -562,7 +564,8 @@ TEST(train_plan_auto_runs_sp_and_ulysses)
     c.coll_lat_s = 10e-3, c.ag_bw = c.rs_bw = 1e12, c.ag_lat_s = c.rs_lat_s = 1e-6;
     auto_runs(&c, c.base_rss + 12.0 * (2 * c.numel_block + c.numel_fixed), "dp1 tp2 sp pp1", "auto_sp",
               "; sequence parallel (each holds 1/N of the tokens between the blocks)");
-    /* with LoRA, which sequence parallelism refuses, the first layout it allows runs, and says why */
+    /* with LoRA the model's parameters are frozen: its state fits a rank whole (no split needed), and sequence
+       parallelism, which LoRA refuses, is not chosen */
     snprintf(cache, sizeof cache, "%s/auto_sp-cache", cli_tmpdir());
     setenv("DT_CACHE_DIR", cache, 1);
     snprintf(env, sizeof env, "DT_PLAN_MEM_PER_RANK=%.0f", c.base_rss + 12.0 * (2 * c.numel_block + c.numel_fixed));
@@ -575,9 +578,59 @@ TEST(train_plan_auto_runs_sp_and_ulysses)
     if (r.code)
         fprintf(stderr, "%s%s", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.err, "; the first this run's other options allow (refused: dp1 tp2 sp pp1");
-    ASSERT_STR_CONTAINS(r.err, "--sequence-parallel does not combine with LoRA");
+    ASSERT_STR_CONTAINS(r.err, "--plan auto chose dp2 tp1 pp1");
     ASSERT(!strstr(r.out, "sequence parallel (each holds"));
+}
+
+/* dtrain plan --lora-targets: the adapters measured and said, the frozen model's state in every row (DDP's far
+ * below the full model's), sequence parallelism refused by name; bad targets and a lone --lora-r exit 2 */
+TEST(plan_lora)
+{
+    cli_result r;
+    cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "gpt-micro", "--world", "2", "--json", "--calib", g_calib,
+                                       NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    int n = parse_lines(r.out, g_rows, 1024);
+    ASSERT(n > 10);
+    double full = -1;
+    for (int i = 0; i < n; i++) {
+        if (num(g_rows[i], "dp") == 2 && num(g_rows[i], "zero_stage") == 0 && num(g_rows[i], "grad_accum") == 1 &&
+            cJSON_IsFalse(cJSON_GetObjectItem(g_rows[i], "act_ckpt")))
+            full = num(g_rows[i], "state_bytes");
+        cJSON_Delete(g_rows[i]);
+    }
+    cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "gpt-micro", "--world", "2", "--json", "--calib", g_calib,
+                                       "--lora-targets", "c_attn", NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    n = parse_lines(r.out, g_rows, 1024);
+    double lora = -1;
+    bool sp_refused = false;
+    for (int i = 0; i < n; i++) {
+        if (num(g_rows[i], "dp") == 2 && num(g_rows[i], "zero_stage") == 0 && num(g_rows[i], "grad_accum") == 1 &&
+            cJSON_IsFalse(cJSON_GetObjectItem(g_rows[i], "act_ckpt")))
+            lora = num(g_rows[i], "state_bytes");
+        sp_refused |= strstr(cJSON_GetObjectItem(g_rows[i], "reason")->valuestring,
+                             "sequence parallelism does not combine with LoRA") != NULL;
+        cJSON_Delete(g_rows[i]);
+    }
+    /* gpt-micro: 136960 parameters; c_attn's adapters r 8 x (64 + 192) a block, 2 blocks */
+    ASSERT_NEAR(full, 16.0 * 136960, 64, 0);
+    ASSERT_NEAR(lora, 4.0 * 136960 + 16.0 * 2 * 8 * (64 + 192), 64, 0);
+    ASSERT(sp_refused);
+    cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "gpt-micro", "--world", "2", "--calib", g_calib,
+                                       "--lora-targets", "c_attn", "--lora-r", "4", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out,
+                        "LoRA on c_attn (r 4): 1024 adapter parameters a block train, the model's 136960 frozen");
+    cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "gpt-micro", "--world", "2", "--calib", g_calib,
+                                       "--lora-targets", "q_proj", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-targets q_proj");
+    cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "gpt-micro", "--world", "2", "--lora-r", "4", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-r goes with --lora-targets");
 }
 
 TEST(llama_plan_and_auto)
@@ -631,6 +684,7 @@ int main(void)
     RUN(config_plan_auto);
     RUN(llama_plan_and_auto);
     RUN(train_plan_auto_runs_sp_and_ulysses);
+    RUN(plan_lora);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;
