@@ -45,6 +45,29 @@ static dt_tensor *none_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     return x;
 }
 
+/* t's memory back to ctx's arena: t an op's output (its own arena block; contiguous), not out's memory */
+static void dead(dt_ctx *ctx, const dt_tensor *out, dt_tensor *t)
+{
+    if (out && t && t != out && t->node_ && t->data != out->data && dt_tensor_is_contiguous(t))
+        dt_arena_give_back(dt_ctx_arena(ctx), t->data, dt_tensor_nbytes(t));
+}
+
+/* The layer's output, the adapters' and its scaled copy are dead once summed: no backward reads them (the linears'
+   read their inputs, the scale and the sum nothing), so their memory goes back to the step's arena for the next
+   layers' (PyTorch frees them there too). Without it a block with adapters kept twice a plain block's
+   activations. */
+dt_tensor *dt__lora_sum(dt_ctx *ctx, const dt_tensor *x, dt_tensor *y, dt_tensor *d, float s)
+{
+    dt_tensor *sd = dt_scale(ctx, d, s);
+    dt_tensor *out = dt_add(ctx, y, sd);
+    dead(ctx, out, sd);
+    if (d != sd)
+        dead(ctx, out, d);
+    if (y != x)
+        dead(ctx, out, y);
+    return out;
+}
+
 static dt_tensor *lora_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 {
     (void)ud;
@@ -56,7 +79,7 @@ static dt_tensor *lora_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud
                                            : dt_linear(ctx, x, m->params[0], m->bias ? m->params[1] : NULL);
     dt_tensor *xd = drop ? dt_module_forward(ctx, drop, x) : x;
     dt_tensor *d = dt_linear(ctx, dt_linear(ctx, xd, a->params[0], NULL), b->params[0], NULL);
-    return dt_add(ctx, y, dt_scale(ctx, d, a->eps));
+    return dt__lora_sum(ctx, x, y, d, a->eps);
 }
 
 static bool is_target(const char *path, const char *const *targets)

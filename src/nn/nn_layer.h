@@ -159,4 +159,9 @@ void dt__model_unclaim(dt_model *m, const void *by);
  * multiple of t; *total: their sum. lora.c. */
 bool dt__tp_rows_split(const int64_t *rows, int c, int64_t t, int64_t *total);
 
+/* A LoRA layer's output y + s d (y the base layer's output on input x, d the
+ * adapters'); y (when it is not x), d and s d, which no backward reads, go
+ * back to ctx's arena once summed. lora.c; tp_lora.c's layers too. */
+dt_tensor *dt__lora_sum(dt_ctx *ctx, const dt_tensor *x, dt_tensor *y, dt_tensor *d, float s);
+
 #endif

@@ -54,7 +54,7 @@ static dt_tensor *column_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
     dt_tensor *d = dt_linear(ctx, u, b->params[0], NULL);
     if (h->flags & GATHER)
         d = dt_tp_gather_last(ctx, g, d);
-    return dt_add(ctx, y, dt_scale(ctx, d, a->eps));
+    return dt__lora_sum(ctx, x, y, d, a->eps);
 }
 
 /* The row adapters' input: the rank's columns x_r of the layer's input,
@@ -87,7 +87,7 @@ static dt_tensor *row_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
     if (!y || !a || !b)
         return NULL;
     dt_tensor *u = dt_tp_reduce_from_region(ctx, g, dt_linear(ctx, row_input(ctx, m, h, x), a->params[0], NULL));
-    return dt_add(ctx, y, dt_scale(ctx, dt_linear(ctx, u, b->params[0], NULL), a->eps));
+    return dt__lora_sum(ctx, x, y, dt_linear(ctx, u, b->params[0], NULL), a->eps);
 }
 
 static dt_status tp_lora(dt_module *m, dt_pg *tp, int64_t in, int64_t out, bool column, int chunks, int flags,
