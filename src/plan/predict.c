@@ -142,13 +142,15 @@ static dt_status shape_of(const char *model, model_shape *s)
     return DT_OK;
 }
 
-/* A copy of the model of shape s with `layers` blocks (random weights: only the shape matters). */
-static dt_status make_copy(const model_shape *s, int64_t layers, int64_t T, dt_dtype dtype, dt_model **m,
-                           dt_model_desc *d)
+/* A copy of the model of shape s with `layers` blocks (random weights: only the shape matters), with LoRA's
+   adapters lora (NULL: none). */
+static dt_status make_copy(const model_shape *s, int64_t layers, int64_t T, dt_dtype dtype,
+                           const dt_lora_params *lora, dt_model **m, dt_model_desc *d)
 {
     dt_model_config mc = dt_model_config_default();
     mc.seq = T;
     mc.build.param_dtype = dtype;
+    mc.build.lora = lora;
     if (s->h.is_gpt2) { /* the GPT-2 family by its sizes (a zoo name or a GPT2LMHeadModel directory) */
         const dt_gpt2_config *g = &s->h.gpt2;
         mc.n_layer = layers, mc.n_head = g->n_head, mc.n_embd = g->n_embd, mc.block_size = g->block_size;
@@ -217,20 +219,7 @@ dt_status dt_plan_lora_measure(const char *model, const char *targets, int64_t r
         for (int k = 0; k < 2 && st >= 0; k++) {
             dt_model *m = NULL;
             dt_model_desc d;
-            dt_model_config mc = dt_model_config_default();
-            mc.seq = T;
-            mc.build.param_dtype = dtype;
-            mc.build.lora = lo ? &lp : NULL;
-            if (sh.h.is_gpt2) {
-                const dt_gpt2_config *g = &sh.h.gpt2;
-                mc.n_layer = k + 1, mc.n_head = g->n_head, mc.n_embd = g->n_embd, mc.block_size = g->block_size;
-                mc.vocab_size = g->vocab_size;
-                st = dt_model_create("gpt2", 1, &mc, &m, &d);
-            } else {
-                dt_llama_config lc = sh.h.llama;
-                lc.num_hidden_layers = k + 1;
-                st = dt_llama_create(&lc, 1, &mc, &m, &d);
-            }
+            st = make_copy(&sh, k + 1, T, dtype, lo ? &lp : NULL, &m, &d);
             if (st >= 0)
                 st = trained_params(m, &trained[lo][k]);
             if (st >= 0)
@@ -275,9 +264,9 @@ static dt_status run_pair(const model_shape *sh, int64_t T, dt_dtype dtype, cons
     dt_model *m[2] = {NULL, NULL};
     dt_model_desc d[2];
     run_meas *out[2] = {one, many};
-    dt_status st = make_copy(sh, 1, T, dtype, &m[0], &d[0]);
+    dt_status st = make_copy(sh, 1, T, dtype, NULL, &m[0], &d[0]);
     if (st >= 0)
-        st = make_copy(sh, CALIB_K, T, dtype, &m[1], &d[1]);
+        st = make_copy(sh, CALIB_K, T, dtype, NULL, &m[1], &d[1]);
     const int64_t Ts = T / 4 > 1 ? T / 4 : 1;
     for (int k = 0; k < 2 && st >= 0; k++) {
         dt_model_train(m[k], true);
@@ -595,7 +584,7 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
 
     /* the optimizer, on an f32 one-block copy */
     dt_model *m = NULL;
-    if ((st = make_copy(&sh, 1, seq, DT_F32, &m, NULL)) < 0)
+    if ((st = make_copy(&sh, 1, seq, DT_F32, NULL, &m, NULL)) < 0)
         return st;
     st = time_optim(m, &c.optim_s, &c.nonfinite_s);
     dt_model_free(m);
