@@ -162,14 +162,19 @@ static void layout_params(const dt__train_opts *o, int world, int64_t seq, dt_pl
     sp->sgd_momentum = o->momentum > 0;
 }
 
-/* LoRA measured into sp (the run's targets and rank, at seq tokens): 0, or 2 after saying why. */
-static int layout_lora(const dt__train_opts *o, int64_t seq, dt_plan_search_params *sp)
+/* LoRA measured into sp (the run's targets and rank, at seq tokens): 0, or 2 after saying why. timed false: the
+   compute is the full model's (fb_ratio 1), for --plan auto, whose ranks each measure and must choose alike before
+   they can talk: the counts and the arena's peaks are the same on every rank, a CPU time is not (the calibration's
+   times reach them all through one cached file) */
+static int layout_lora(const dt__train_opts *o, int64_t seq, bool timed, dt_plan_search_params *sp)
 {
     if (!o->lora_targets)
         return 0;
     if (dt_plan_lora_measure(o->model, o->lora_targets, o->lora_r, seq, plan_dtype(o), &sp->lora) < 0)
         return dt__cli_err("dtrain train: the planner: --lora-targets %s: %s\n", o->lora_targets, dt_last_error()),
                2;
+    if (!timed)
+        sp->lora.fb_ratio = 1.0;
     return 0;
 }
 
@@ -217,7 +222,7 @@ int dt__train_plan_auto(dt__train_opts *o)
         return rc;
     dt_plan_search_params sp;
     layout_params(o, world, seq, &sp);
-    if ((rc = layout_lora(o, seq, &sp)))
+    if ((rc = layout_lora(o, seq, false, &sp)))
         return rc;
     sp.global_batch = o->batch * world;
     const char *env = getenv("DT_PLAN_MEM_PER_RANK");
@@ -317,7 +322,7 @@ int dt__train_predict(const dt__train_opts *o, int world, int tp, int pp, int cp
         return 0; /* said why; the end record goes without a prediction */
     dt_plan_search_params sp;
     layout_params(o, world, seq, &sp);
-    if (layout_lora(o, seq, &sp))
+    if (layout_lora(o, seq, true, &sp))
         return 0; /* said why; the end record goes without a prediction */
     const int mp = tp * pp * cp; /* the replicas: the world over the model's parallel degrees */
     dt_cp_impl impl = DT_CP_RING;
