@@ -237,7 +237,7 @@ static dt_tensor *ln_forward(dt_ctx *ctx, dt_module *ln, dt_tensor *x, dt_pg *sp
  * then the bias (through f). */
 static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
 {
-    dt_tensor *y = dt_tp_sp_reduce_scatter(ctx, sp, dt_addmm(ctx, x, dt_module_param(m, 0), NULL), 1);
+    dt_tensor *y = dt_tp_sp_reduce_scatter_partial(ctx, sp, dt_addmm(ctx, x, dt_module_param(m, 0), NULL), 1);
     return dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1)));
 }
 

@@ -157,7 +157,7 @@ static dt_tensor *leave(dt_ctx *ctx, const llama_rt *rt, dt_module *proj, dt_ten
 {
     if (!rt || !rt->sp)
         return dt_module_forward(ctx, proj, x);
-    dt_tensor *y = dt_tp_sp_reduce_scatter(ctx, rt->sp, dt_linear(ctx, x, dt_module_param(proj, 0), NULL), 1);
+    dt_tensor *y = dt_tp_sp_reduce_scatter_partial(ctx, rt->sp, dt_linear(ctx, x, dt_module_param(proj, 0), NULL), 1);
     return dt_module_num_params(proj) > 1 ? dt_add(ctx, y, dt_tp_copy_to_region(ctx, rt->sp, dt_module_param(proj, 1)))
                                           : y;
 }
@@ -184,7 +184,7 @@ static dt_tensor *col_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
 
 static dt_tensor *row_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    dt_tensor *y = dt_tp_reduce_from_region(ctx, ud, dt_linear(ctx, x, dt_module_param(self, 0), NULL));
+    dt_tensor *y = dt_tp_reduce_partial(ctx, ud, dt_linear(ctx, x, dt_module_param(self, 0), NULL));
     return dt_module_num_params(self) > 1 ? dt_add(ctx, y, dt_module_param(self, 1)) : y;
 }
 

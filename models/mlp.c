@@ -38,7 +38,7 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
         x = dt_tp_copy_to_region(ctx, ud, x);
     dt_tensor *h = dt_matmul(ctx, x, dt_module_param(self, 0));
     h = dt_matmul(ctx, h, dt_module_param(self, 1));
-    return ud ? dt_tp_reduce_from_region(ctx, ud, h) : h;
+    return ud ? dt_tp_reduce_partial(ctx, ud, h) : h;
 }
 
 /* The pipeline units (nn.h, dt_model_set_pipe_units): x @ w0, then h @ w1
@@ -53,7 +53,7 @@ static dt_tensor *mlp_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_t
     if (!strcmp(u->name, "w0"))
         return dt_matmul(ctx, tp ? dt_tp_copy_to_region(ctx, tp, x) : x, dt_module_param(u->module, 0));
     dt_tensor *z = dt_matmul(ctx, x, dt_module_param(u->module, 1));
-    return tp ? dt_tp_reduce_from_region(ctx, tp, z) : z;
+    return tp ? dt_tp_reduce_partial(ctx, tp, z) : z;
 }
 
 static dt_status mlp_units(dt_model *m, dt_pipe_unit **units, int *n)

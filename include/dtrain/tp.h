@@ -141,6 +141,13 @@ DT_API dt_status dt_tp_groups(dt_pg *world, int tp_size, dt_pg **tp, dt_pg **dp)
 DT_API dt_tensor *dt_tp_copy_to_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
 /* g: the sum of x over tp (all-reduce) forward; backward identity. */
 DT_API dt_tensor *dt_tp_reduce_from_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
+/* g on a partial sum the caller gives up: x an op's output that nothing but
+ * this call reads, forward or backward (a row-parallel layer's product
+ * x_r W_r). The same values and gradient as dt_tp_reduce_from_region, the
+ * sum formed in x's own memory (all-reduce in place; the result aliases x)
+ * instead of a copy that the step would keep beside it. x not an op's
+ * contiguous output (a leaf, no-grad mode): dt_tp_reduce_from_region. */
+DT_API dt_tensor *dt_tp_reduce_partial(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
 /* x [..., n] -> [..., t n]: rank r's x in columns [r n, (r + 1) n) (all-gather);
  * backward: the rank's columns of the gradient. */
 DT_API dt_tensor *dt_tp_gather_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
@@ -170,6 +177,10 @@ DT_API dt_tensor *dt_tp_rms_norm(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, dt_tensor
  *                            (scatter_to_sequence_parallel_region). */
 DT_API dt_tensor *dt_tp_sp_gather(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
 DT_API dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
+/* dt_tp_sp_reduce_scatter on a partial sum the caller gives up (as
+ * dt_tp_reduce_partial's x): the same values and gradient, and x's memory
+ * goes back to the step's arena once reduced, for the next layers'. */
+DT_API dt_tensor *dt_tp_sp_reduce_scatter_partial(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
 DT_API dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
 
 /* ---- layers (modules; forward collective over tp) ---------------------------------- */

@@ -2,7 +2,10 @@
  *
  *   - f, g, gather and scatter along the last dim, and sequence
  *     parallelism's gather / reduce-scatter / scatter along dim 1: forward
- *     values and gradients against their definitions (2 and 3 ranks);
+ *     values and gradients against their definitions (2 and 3 ranks); the
+ *     forms on a partial sum the caller gives up (dt_tp_reduce_partial,
+ *     dt_tp_sp_reduce_scatter_partial): the same values and gradients, the
+ *     product's memory reused;
  *   - RMSNorm over a last dim the ranks split (OLMo 2's q_norm) against
  *     dt_rms_norm over the whole rows: values and gradients (2 and 3
  *     ranks), bf16;
@@ -227,6 +230,75 @@ static int sp_body(int rank, int size, void *arg)
     dt_ctx_free(ctx);
     dt_pg_free(pg);
     return 0;
+}
+
+/* The forms on a partial sum the caller gives up (a row-parallel layer's product): the same values and gradients
+ * as g and the reduce-scatter, the all-reduce's sum in the product's own memory, the reduce-scatter's product
+ * given back to the arena (the next allocation of its size reuses it); a leaf is not given up (copied, kept). */
+static int partial_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    const int T = ST * size, nf = SB * T * SC, nl = SB * ST * SC;
+    float *xl = malloc(sizeof(float) * (size_t)nf), *wl = malloc(sizeof(float) * (size_t)nf);
+    float *want_y = malloc(sizeof(float) * (size_t)nf), *want_g = malloc(sizeof(float) * (size_t)nf);
+    TH_CHECK(xl && wl && want_y && want_g, "memory");
+    fill(xl, nf, 30, (uint64_t)rank * nf);
+    fill(wl, nf, 31, (uint64_t)rank * nf);
+    for (int sp = 0; sp < 2; sp++)
+        for (int given = 0; given < 2; given++) { /* the plain op first: its values are the wanted ones */
+            const int64_t yshape[3] = {SB, sp ? ST : T, SC};
+            dt_tensor *x = dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, SC}, xl);
+            dt_tensor_set_requires_grad(x, true);
+            dt_tensor *two = dt_tensor_full(ctx, DT_F32, 3, (int64_t[]){SB, T, SC}, 2.0);
+            dt_tensor *prod = dt_mul(ctx, x, two); /* an op's own output */
+            TH_CHECK(prod, "product");
+            dt_tensor *y = !given ? (sp ? dt_tp_sp_reduce_scatter(ctx, pg, prod, 1) : dt_tp_reduce_from_region(ctx, pg, prod))
+                                  : sp ? dt_tp_sp_reduce_scatter_partial(ctx, pg, prod, 1)
+                                       : dt_tp_reduce_partial(ctx, pg, prod);
+            TH_CHECK(y && y->shape[1] == yshape[1], "%s%s: %s", sp ? "reduce-scatter" : "g", given ? " partial" : "",
+                     dt_last_error());
+            if (given && !sp)
+                TH_CHECK(y->data == prod->data, "the partial g's sum is not in the product's memory");
+            if (given && sp) {
+                dt_tensor *again = dt_tensor_empty(ctx, DT_F32, 3, (int64_t[]){SB, T, SC});
+                TH_CHECK(again && again->data == prod->data, "the partial reduce-scatter kept its product");
+            }
+            TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, dt_tensor_from(ctx, DT_F32, 3, yshape, wl)))));
+            const int ny = sp ? nl : nf;
+            for (int i = 0; i < ny; i++) {
+                if (!given)
+                    want_y[i] = dt_tensor_get(y, i);
+                else
+                    TH_CHECK(dt_tensor_get(y, i) == want_y[i], "%s partial forward [%d]", sp ? "rs" : "g", i);
+            }
+            for (int i = 0; i < nf; i++) {
+                if (!given)
+                    want_g[i] = dt_tensor_get(x->grad, i);
+                else
+                    TH_CHECK(dt_tensor_get(x->grad, i) == want_g[i], "%s partial backward [%d]", sp ? "rs" : "g", i);
+            }
+            dt_ctx_reset(ctx);
+        }
+    /* a leaf is not the caller's to give up: summed into a copy, itself unchanged */
+    dt_tensor *x = dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, SC}, xl);
+    dt_tensor *y = dt_tp_reduce_partial(ctx, pg, x);
+    TH_CHECK(y && y->data != x->data && dt_tensor_get(x, 0) == xl[0], "g partial of a leaf");
+    y = dt_tp_sp_reduce_scatter_partial(ctx, pg, x, 1);
+    TH_CHECK(y && dt_tensor_get(x, nf - 1) == xl[nf - 1], "reduce-scatter partial of a leaf");
+    free(xl), free(wl), free(want_y), free(want_g);
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(tp_partial_sums_reuse_their_memory)
+{
+    ASSERT_EQ_INT(th_run(2, 30, partial_body, NULL, NULL), 0);
+    ASSERT_EQ_INT(th_run(3, 30, partial_body, NULL, NULL), 0);
 }
 
 TEST(tp_ops_grad)
@@ -557,6 +629,7 @@ TEST(tp_slice_blocks_of_given_sizes)
 int main(void)
 {
     RUN(tp_ops_grad);
+    RUN(tp_partial_sums_reuse_their_memory);
     RUN(tp_sequence_parallel_ops);
     RUN(tp_rms_norm_split_rows);
     RUN(tp_vocab_cross_entropy);

@@ -109,6 +109,27 @@ dt_tensor *dt_tp_reduce_from_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
     return dt_ag_custom(ctx, 1, &x, out, ident_bwd, tp);
 }
 
+/* x the caller gives up (tp.h): an op's own contiguous output, which neither its producer's backward nor g's reads */
+static bool given_up(const dt_tensor *x) { return x->node_ && dt_tensor_is_contiguous(x); }
+
+dt_tensor *dt_tp_reduce_partial(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
+{
+    if (!need("dt_tp_reduce_partial", tp, x))
+        return NULL;
+    if (tp_trivial(tp) || !given_up(x))
+        return dt_tp_reduce_from_region(ctx, tp, x);
+    dt_tensor *out = dt_tensor_alias(ctx, x); /* the sum in x's memory: no copy beside it */
+    if (!out)
+        return NULL;
+    dt_status st = dt_pg_allreduce(tp, DT_IN_PLACE, out->data, (size_t)dt_tensor_numel(out), out->dtype,
+                                   DT_REDUCE_SUM);
+    if (st < 0) {
+        dt_error_wrap(st, "tensor parallel g (reduce from region): all-reduce");
+        return NULL;
+    }
+    return dt_ag_custom(ctx, 1, &x, out, ident_bwd, tp);
+}
+
 /* Rows M and the last dim n of x (ndim >= 1). */
 static void rows_cols(const dt_tensor *x, int64_t *M, int64_t *n)
 {
@@ -352,9 +373,10 @@ dt_tensor *dt_tp_sp_gather(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
     return dt_ag_custom(ctx, 1, &x, out, sp_gather_bwd, s);
 }
 
-dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
+/* dt_tp_sp_reduce_scatter, and with partial its form on a partial sum the caller gives up: x's memory goes back to
+ * the step's arena once reduced (the all-gather backward reads only the gradient) */
+static dt_tensor *sp_reduce_scatter_op(const char *op, dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim, bool partial)
 {
-    const char *op = "dt_tp_sp_reduce_scatter";
     if (!need(op, tp, x))
         return NULL;
     if (tp_trivial(tp))
@@ -369,7 +391,19 @@ dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim
         dt_error_wrap(st, "%s: reduce-scatter", op);
         return NULL;
     }
+    if (partial && given_up(x))
+        dt_arena_give_back(dt_ctx_arena(ctx), x->data, dt_tensor_nbytes(x));
     return dt_ag_custom(ctx, 1, &x, out, sp_allgather_bwd, s);
+}
+
+dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
+{
+    return sp_reduce_scatter_op("dt_tp_sp_reduce_scatter", ctx, tp, x, dim, false);
+}
+
+dt_tensor *dt_tp_sp_reduce_scatter_partial(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
+{
+    return sp_reduce_scatter_op("dt_tp_sp_reduce_scatter_partial", ctx, tp, x, dim, true);
 }
 
 dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
@@ -464,7 +498,7 @@ static dt_tensor *row_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
         return NULL;
     if (!self->k)
         x = dt_tp_scatter_last(ctx, ud, x);
-    dt_tensor *y = dt_tp_reduce_from_region(ctx, ud, dt_addmm(ctx, x, self->params[0], NULL));
+    dt_tensor *y = dt_tp_reduce_partial(ctx, ud, dt_addmm(ctx, x, self->params[0], NULL));
     return self->nparam > 1 ? dt_add(ctx, y, self->params[1]) : y;
 }
 
@@ -586,7 +620,7 @@ static dt_tensor *vocab_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
         mk[i] = mine ? 1.0f : 0.0f;
     }
     dt_tensor *e = dt_mul(ctx, dt_embedding(ctx, self->params[0], lid), mask);
-    return dt_tp_reduce_from_region(ctx, ud, e);
+    return dt_tp_reduce_partial(ctx, ud, e);
 }
 
 dt_module *dt_tp_vocab_embedding(dt_pg *tp, int64_t num_embeddings, int64_t dim)

@@ -86,7 +86,7 @@ static dt_tensor *row_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
     dt_tensor *y = base_forward(ctx, m, x);
     if (!y || !a || !b)
         return NULL;
-    dt_tensor *u = dt_tp_reduce_from_region(ctx, g, dt_linear(ctx, row_input(ctx, m, h, x), a->params[0], NULL));
+    dt_tensor *u = dt_tp_reduce_partial(ctx, g, dt_linear(ctx, row_input(ctx, m, h, x), a->params[0], NULL));
     return dt__lora_sum(ctx, x, y, dt_linear(ctx, u, b->params[0], NULL), a->eps);
 }
 
