@@ -202,8 +202,11 @@ done:
  * use no padding). Between the blocks the residual stream holds the rank's
  * chunk of the tokens, [B, T/t, C]; the layer norms and the residual adds
  * run on the chunk. Entering attention and the MLP, dt_tp_sp_gather
- * (all-gather of the tokens, backward reduce-scatter) replaces f; leaving,
- * dt_tp_sp_reduce_scatter (backward all-gather) replaces g. The layer norms'
+ * (all-gather of the tokens, backward reduce-scatter) replaces f, with
+ * c_attn's and c_fc's products (dt_tp_sp_gather_products: the gathered
+ * tokens are gathered again for the weights' gradients, not kept); leaving,
+ * dt_tp_sp_reduce_scatter_partial (backward all-gather; the partial
+ * products given back) replaces g. The layer norms'
  * parameters and the row-parallel biases, whole on every rank, see only the
  * rank's tokens: they enter through f (dt_tp_copy_to_region), whose
  * backward sums their gradients over the group, as Megatron's all-reduce of
@@ -269,8 +272,12 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     dt_module *drop = child(self, "attn_dropout");
     dt_pg *sp = sp_group(self, child(self, "c_attn"));
     dt_module *ca = child(self, "c_attn");
-    dt_tensor *qkv = sp ? dt_addmm(ctx, dt_tp_sp_gather(ctx, sp, x, 1), dt_module_param(ca, 0), dt_module_param(ca, 1))
-                        : dt_module_forward(ctx, ca, x);
+    dt_tensor *qkv = NULL;
+    if (sp) /* the gathered rows not kept for c_attn's weight gradient (gathered again in backward) */
+        dt_tp_sp_gather_products(ctx, sp, x, 1, 1, (dt_tensor *[]){dt_module_param(ca, 0)},
+                                 (dt_tensor *[]){dt_module_param(ca, 1)}, true, &qkv);
+    else
+        qkv = dt_module_forward(ctx, ca, x);
     if (!qkv)
         return NULL;
     dt_rng_key key = dt_module_dropout_key(drop);
@@ -293,8 +300,8 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     dt_pg *sp = sp_group(self, fc);
     dt_tensor *h;
     if (sp) {
-        x = dt_tp_sp_gather(ctx, sp, x, 1);
-        h = dt_bias_gelu_tanh(ctx, dt_addmm(ctx, x, dt_module_param(fc, 0), NULL), dt_module_param(fc, 1));
+        dt_tp_sp_gather_products(ctx, sp, x, 1, 1, (dt_tensor *[]){dt_module_param(fc, 0)}, NULL, true, &h);
+        h = h ? dt_bias_gelu_tanh(ctx, h, dt_module_param(fc, 1)) : NULL;
         h = row_sp(ctx, child(self, "c_proj"), h, sp);
         return drop_forward(ctx, child(self, "dropout"), h, sp, cp_of(ud));
     }

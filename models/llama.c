@@ -123,7 +123,9 @@ typedef struct llama_rt {
  * Between the attention and the MLP the residual stream holds the rank's
  * rows of the sequence, [B, T/t, C]: the norms and the residual adds run
  * on them. Entering the attention and the MLP, dt_tp_sp_gather (backward:
- * reduce-scatter) replaces f; leaving, o_proj's and down_proj's partial
+ * reduce-scatter) replaces f, with the projections' products (project:
+ * dt_tp_sp_gather_products, the gathered rows gathered again for the
+ * weights' gradients, not kept); leaving, o_proj's and down_proj's partial
  * products are reduce-scattered over the rows (backward: all-gather) in
  * place of g's all-reduce. The norms' weights and the row-parallel biases,
  * whole on every rank, see only its rows: they enter through f, whose
@@ -131,12 +133,37 @@ typedef struct llama_rt {
  * after the lookup (dt_tp_sp_scatter), and the final norm's output
  * gathered for the vocabulary-parallel head, which then takes no f. */
 
+/* f on x when the block's projections are column-parallel (their group); under sequence parallelism the
+ * all-gather of the rank's rows (backward: the reduce-scatter) in its place */
 static dt_tensor *enter(dt_ctx *ctx, const llama_rt *rt, dt_module *proj, dt_tensor *x)
 {
     if (rt && rt->sp)
         return dt_tp_sp_gather(ctx, rt->sp, x, 1);
     dt_pg *tp = dt_tp_module_group(proj);
     return tp ? dt_tp_copy_to_region(ctx, tp, x) : x;
+}
+
+/* The column-parallel projections p[0..n) of x into y[0..n): each module on enter's x, or under sequence
+ * parallelism, when no hook or adapter looks at them, their weights' products on the gathered rows
+ * (dt_tp_sp_gather_products: the gathered rows are not kept for backward) */
+static dt_status project(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x, int n, dt_module *const *p, dt_tensor **y)
+{
+    bool products = rt && rt->sp;
+    for (int i = 0; i < n && products; i++)
+        products = dt_module_tree_plain(p[i]);
+    if (products) {
+        dt_tensor *w[3], *b[3];
+        for (int i = 0; i < n; i++) {
+            w[i] = dt_module_param(p[i], 0);
+            b[i] = dt_module_num_params(p[i]) > 1 ? dt_module_param(p[i], 1) : NULL;
+        }
+        return dt_tp_sp_gather_products(ctx, rt->sp, x, 1, n, w, b, false, y);
+    }
+    x = enter(ctx, rt, p[0], x);
+    for (int i = 0; i < n; i++)
+        if (!(y[i] = dt_module_forward(ctx, p[i], x)))
+            return dt_last_status();
+    return DT_OK;
 }
 
 /* Gemma's norm weight 1 + w in f32 (w stored around 0) */
@@ -213,10 +240,6 @@ static dt_module *tp_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, float
     return m;
 }
 
-/* f on x when the block's projections are column-parallel (their group); under sequence parallelism the
- * all-gather of the rank's rows (backward: the reduce-scatter) in its place */
-static dt_tensor *enter(dt_ctx *ctx, const struct llama_rt *rt, dt_module *proj, dt_tensor *x);
-
 static int tp_size_of(const dt_module *proj)
 {
     const dt_pg *tp = dt_tp_module_group(proj);
@@ -260,16 +283,16 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     dt_tensor *q, *k, *v;
     if (rt->c.fused) { /* Phi-3: q | k | v from qkv_proj's columns (the rank's heads of each) */
         const int64_t hd = rt->c.head_dim;
-        x = enter(ctx, rt, child(self, "qkv_proj"), x);
-        dt_tensor *qkv = dt_module_forward(ctx, child(self, "qkv_proj"), x);
+        dt_tensor *qkv = NULL;
+        project(ctx, rt, x, 1, (dt_module *[]){child(self, "qkv_proj")}, &qkv);
         q = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, 0, H * hd));
         k = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, H * hd, KV * hd));
         v = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, (H + KV) * hd, KV * hd));
     } else {
-        x = enter(ctx, rt, child(self, "q_proj"), x);
-        q = dt_module_forward(ctx, child(self, "q_proj"), x);
-        k = dt_module_forward(ctx, child(self, "k_proj"), x);
-        v = dt_module_forward(ctx, child(self, "v_proj"), x);
+        dt_tensor *y[3] = {NULL, NULL, NULL};
+        project(ctx, rt, x, 3, (dt_module *[]){child(self, "q_proj"), child(self, "k_proj"), child(self, "v_proj")},
+                y);
+        q = y[0], k = y[1], v = y[2];
     }
     if (rt->c.olmo2) { /* OLMo 2: q and k normalized over their whole projections */
         q = dt_module_forward(ctx, child(self, "q_norm"), q);
@@ -281,9 +304,9 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
         k = head_norm(ctx, child(self, "k_norm"), tp, &rt->c, k, KV);
     }
     const int64_t *pos = NULL;
-    if (rt->cp.group && x) { /* the rank's rows: RoPE at their global positions */
+    if (rt->cp.group && q) { /* the rank's rows: RoPE at their global positions */
         dt_cp_layout l;
-        if (dt_cp_layout_of(&rt->cp, x->shape[1] * dt_pg_size(rt->cp.group), &l) < 0)
+        if (dt_cp_layout_of(&rt->cp, q->shape[1] * dt_pg_size(rt->cp.group), &l) < 0)
             return NULL;
         int64_t *p = dt_ctx_alloc(ctx, (size_t)l.local_len * sizeof *p);
         if (!p)
@@ -336,14 +359,14 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     dt_tensor *g, *u;
     if (rt->c.fused) { /* Phi-3: gate | up from gate_up_proj's columns (the rank's share of each) */
         const int64_t I = rt->c.intermediate_size / tp_size_of(child(self, "gate_up_proj"));
-        x = enter(ctx, rt, child(self, "gate_up_proj"), x);
-        dt_tensor *gu = dt_module_forward(ctx, child(self, "gate_up_proj"), x);
+        dt_tensor *gu = NULL;
+        project(ctx, rt, x, 1, (dt_module *[]){child(self, "gate_up_proj")}, &gu);
         g = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, 0, I));
         u = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, I, I));
     } else {
-        x = enter(ctx, rt, child(self, "gate_proj"), x);
-        g = dt_module_forward(ctx, child(self, "gate_proj"), x);
-        u = dt_module_forward(ctx, child(self, "up_proj"), x);
+        dt_tensor *y[2] = {NULL, NULL};
+        project(ctx, rt, x, 2, (dt_module *[]){child(self, "gate_proj"), child(self, "up_proj")}, y);
+        g = y[0], u = y[1];
     }
     dt_tensor *a = rt && rt->c.gemma ? dt_mul(ctx, dt_gelu_tanh(ctx, g), u) /* GemmaMLP: gelu_pytorch_tanh */
                                      : dt_swiglu(ctx, g, u);

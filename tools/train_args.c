@@ -224,8 +224,9 @@ static const opt_def opts[] = {
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
     {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
      "GPT-2 and Llama models with --tp: sequence parallelism (Megatron): the norms and residuals on each rank's 1/N "
-     "of the tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by "
-     "N, dropout's masks the single-process ones); with --pp the stages pass each rank's rows; with --cp a cp rank's "
+     "of the tokens, all-gather and reduce-scatter in place of the all-reduces, the projections' inputs gathered "
+     "again in backward rather than kept (the same values; --seq divisible by N, dropout's masks the single-process "
+     "ones); with --pp the stages pass each rank's rows; with --cp a cp rank's "
      "positions split again over its tp ranks"},
     {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",
      "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "

@@ -182,6 +182,22 @@ DT_API dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, 
  * goes back to the step's arena once reduced, for the next layers'. */
 DT_API dt_tensor *dt_tp_sp_reduce_scatter_partial(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
 DT_API dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
+/* The column-parallel products that follow dt_tp_sp_gather, formed as
+ * Megatron-LM's sequence-parallel layers form them: y[i] = X W_i (+ b_i)
+ * for the n (1 to 8) weights, X the all-gather of the rank's rows x along
+ * dim, with the same values and gradients as dt_tp_sp_gather and then each
+ * product, but X is not kept for backward: it (and autocast's copy of it
+ * in the products' dtype) goes back to the step's arena once the products
+ * are formed, and the products' weight gradients gather x again (one
+ * all-gather for the n, given back after the last). x (contiguous) must
+ * stay valid until backward; it is the gather's input, which autograd
+ * keeps. weight_in_out: W_i stored [in, out] (dt_addmm's layout), else
+ * [out, in] (dt_linear's); b NULL or b[i] NULL for no bias. A group of
+ * one, no-grad mode or a non-contiguous x: the plain gather and products.
+ * On error every y[i] is NULL. */
+DT_API dt_status dt_tp_sp_gather_products(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim, int n,
+                                          dt_tensor *const *w, dt_tensor *const *b, bool weight_in_out,
+                                          dt_tensor **y);
 
 /* ---- layers (modules; forward collective over tp) ---------------------------------- */
 

@@ -19,6 +19,7 @@
  * and the rounding pass is skipped (dt_ag_stats counts both). Mixed dtypes promote to f32; under autocast
  * every floating operand is first cast to the autocast dtype. */
 #include "autograd/ag_impl.h"
+#include "autograd/ag_refetch.h"
 #include "dtrain/kernels.h"
 
 static int64_t lead_rows(const dt_tensor *x, int keep)
@@ -223,11 +224,12 @@ dt_tensor *dt_matmul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
 
 /* linear: w stored [out, in], y = x w^T + b. addmm: w stored [in, out]
  * (GPT-2's Conv1D), y = x w + b. wt says which (true = [out, in]).
- * saved[0] = X [R, In], saved[1] = W; i[0] = R, i[1] = In, i[2] = Out,
- * i[3] = GEMM dtype, i[4] = wt */
-dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
+ * saved[0] = X [R, In] (NULL when saved[2], a dt__refetch, fetches it
+ * again), saved[1] = W; i[0] = R, i[1] = In, i[2] = Out, i[3] = GEMM
+ * dtype, i[4] = wt */
+static dt_status bw_dense(dt_ctx *ctx, dt__node *n, const float *gout, const float *X)
 {
-    const float *X = n->saved[0], *W = n->saved[1];
+    const float *W = n->saved[1];
     int64_t R = n->i[0], In = n->i[1], Out = n->i[2];
     dt_dtype t = (dt_dtype)n->i[3];
     bool wt = n->i[4] != 0;
@@ -276,6 +278,37 @@ dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
             return st;
     }
     return DT_OK;
+}
+
+dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt__refetch *r = n->saved[2];
+    if (!r || !dt__rg(n->in[1])) /* X is read only for the weight's gradient */
+        return bw_dense(ctx, n, gout, n->saved[0]);
+    const float *X = r->get(ctx, r, n->in[0]->dtype);
+    if (!X)
+        return dt_last_status() < 0 ? dt_last_status() : dt_error(DT_ERR_STATE, "dt_linear backward: no input");
+    dt_status st = bw_dense(ctx, n, gout, X);
+    r->put(ctx, r);
+    return st;
+}
+
+bool dt__dense_refetch(dt_ctx *ctx, dt_tensor *y, const dt_tensor *x, dt__refetch *r)
+{
+    dt__node *n = y && x && r ? y->node_ : NULL;
+    if (!n || n->out != y || (n->op != DT_OP_LINEAR && n->op != DT_OP_ADDMM) || n->saved[2])
+        return false;
+    dt_tensor *in = n->in[0];
+    const bool cast = in != x; /* autocast's copy of x in the GEMM's dtype */
+    if (cast && !(in->node_ && in->node_->op == DT_OP_CAST && in->node_->in[0] == x))
+        return false;
+    if (n->saved[0] != in->data || !dt_tensor_is_contiguous(in)) /* the product read a copy of its own */
+        return false;
+    n->saved[0] = NULL;
+    n->saved[2] = r;
+    if (cast) /* its backward reads no values */
+        dt_arena_give_back(ctx->arena, in->data, dt_tensor_nbytes(in));
+    return true;
 }
 
 static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_tensor *x, dt_tensor *w,

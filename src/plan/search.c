@@ -290,14 +290,19 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        a block's two and the final norm's (measured, llama-100m at 1024 tokens on tp 2: 37 MiB less, as this
        predicts; GPT-2 124M 66 MiB less). A checkpointed block keeps only its input, which is one of them */
     const double sp_norm = sp ? 4.0 * (double)c->n_embd * (1.0 - 1.0 / tp) : 0;
+    /* and its column-parallel products keep only the rank's rows of their input, gathering them again for the
+       weights' gradients (tp.h: dt_tp_sp_gather_products): two gathered rows of the norms' f32 outputs a token
+       fewer (measured at 1024 tokens on tp 2: llama-100m 70 MiB less, GPT-2 124M 68) */
+    const double sp_gathered = sp ? 2.0 * 4.0 * (double)c->n_embd : 0;
     /* and the row-parallel layers' sums (attention's output projection, the MLP's down projection) are formed in
        their partial products' memory or give it back (tp.h: dt_tp_reduce_partial, _sp_reduce_scatter_partial):
        two rows of the activations' dtype a token fewer than that (measured at 1024 tokens on tp 2: llama-100m
        and GPT-2 124M 76 MiB less than with a copy beside each product, with and without sequence parallelism) */
     const double tp_rows = tp > 1 ? 2.0 * (c->dtype == DT_BF16 ? 2 : 4) * (double)c->n_embd : 0;
     const double act_block = lora ? lr->act_block : c->act_block, act_fixed = lora ? lr->act_fixed : c->act_fixed;
-    const double blk = fmax(l->act_ckpt ? c->act_block_ckpt - sp_norm : act_block - 2 * sp_norm - tp_rows, 0);
-    const double one_blk = l->act_ckpt ? fmax(act_block - 2 * sp_norm - tp_rows, 0) : 0; /* the block recomputed */
+    const double blk_live = act_block - 2 * sp_norm - tp_rows - sp_gathered; /* a block that keeps its activations */
+    const double blk = fmax(l->act_ckpt ? c->act_block_ckpt - sp_norm : blk_live, 0);
+    const double one_blk = l->act_ckpt ? fmax(blk_live, 0) : 0; /* the block being recomputed */
     double act_first = mb * Tr * (pp > 1 ? (double)(pp < m ? pp : m) : 1.0) * blocks_rank * blk;
     double act_last = mb * Tr * (blocks_last * blk + fmax(act_fixed / tp - sp_norm, 0));
     if (pp == 1)
@@ -430,11 +435,13 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         vol += 4.0 * blocks_rank * 2.0 * (tp - 1) / tp * act_mb * m * ga;
         calls += (4.0 * blocks_rank + 4) * m * ga;
     } else if (sp) { /* per pass and block: entering attention and the MLP an all-gather of the rows, leaving
-                        them a reduce-scatter, backward the other way round (the same bytes as the all-reduces);
+                        them a reduce-scatter, backward the other way round (the same bytes as the all-reduces)
+                        and the rows gathered again for the column-parallel weights' gradients (two more);
                         the final norm's rows gathered for the head (a reduce-scatter backward), the embedding's
                         and the loss's three all-reduces as without */
-        const double share = (double)(tp - 1) / tp * act_mb, n_each = 4.0 * blocks_rank + 1;
-        t_curves += (n_each * (share / ag_bw + ag_lat) + n_each * (share / rs_bw + rs_lat)) * m * ga;
+        const double share = (double)(tp - 1) / tp * act_mb, n_rs = 4.0 * blocks_rank + 1;
+        const double n_ag = n_rs + 2.0 * blocks_rank;
+        t_curves += (n_ag * (share / ag_bw + ag_lat) + n_rs * (share / rs_bw + rs_lat)) * m * ga;
         calls += 3.0 * m * ga;
     }
     if (pp > 1) {

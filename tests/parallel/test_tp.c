@@ -5,7 +5,9 @@
  *     values and gradients against their definitions (2 and 3 ranks); the
  *     forms on a partial sum the caller gives up (dt_tp_reduce_partial,
  *     dt_tp_sp_reduce_scatter_partial): the same values and gradients, the
- *     product's memory reused;
+ *     product's memory reused; sequence parallelism's column products
+ *     (dt_tp_sp_gather_products) against the gather and the products, the
+ *     gathered rows' memory overwritten before backward;
  *   - RMSNorm over a last dim the ranks split (OLMo 2's q_norm) against
  *     dt_rms_norm over the whole rows: values and gradients (2 and 3
  *     ranks), bf16;
@@ -39,6 +41,7 @@
 // dt-test-timeout: 120
 #include "test.h"
 #include "parallel/tp_util.h"
+#include "dtrain/precision.h"
 
 /* ---- f, g, gather, scatter ------------------------------------------------------------- */
 
@@ -299,6 +302,94 @@ TEST(tp_partial_sums_reuse_their_memory)
 {
     ASSERT_EQ_INT(th_run(2, 30, partial_body, NULL, NULL), 0);
     ASSERT_EQ_INT(th_run(3, 30, partial_body, NULL, NULL), 0);
+}
+
+/* dt_tp_sp_gather_products against dt_tp_sp_gather and the products (f32 and under bf16 autocast; two weights in
+ * the [in, out] layout, one with a bias, and one [out, in]): the same values and gradients, bit for bit, while the
+ * gathered rows' memory, handed out again and filled with NaN before backward, is not read. */
+enum { PC = 4, PO0 = 6, PO1 = 5 };
+
+static int products_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    const int T = ST * size, nl = SB * ST * PC;
+    float xl[SB * ST * PC], w0[PC * PO0], w1[PC * PO1], b0[PO0], u[SB * 4 * ST * (PO0 + PO1)];
+    float want[2][SB * ST * PC + PC * (PO0 + PO1) + PO0];
+    fill(xl, nl, 40, (uint64_t)rank * nl);
+    fill(w0, PC * PO0, 41, 0);
+    fill(w1, PC * PO1, 42, 0);
+    fill(b0, PO0, 43, 0);
+    fill(u, SB * T * (PO0 + PO1), 44, (uint64_t)rank * 1000);
+    for (int bf = 0; bf < 2; bf++)
+        for (int fused = 0; fused < 2; fused++)
+            for (int wio = 0; wio < 2; wio++) {
+                if (bf)
+                    TH_OK(dt_autocast_set(ctx, DT_BF16, NULL));
+                dt_tensor *x = dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, ST, PC}, xl);
+                /* [in, out] as given, or the same weights stored [out, in] */
+                dt_tensor *W[2] = {dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){PC, PO0}, w0),
+                                   dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){PC, PO1}, w1)};
+                if (!wio)
+                    for (int i = 0; i < 2; i++)
+                        W[i] = dt_contiguous(ctx, dt_transpose(ctx, W[i], 0, 1));
+                dt_tensor *B[2] = {dt_tensor_from(ctx, DT_F32, 1, (int64_t[]){PO0}, b0), NULL};
+                dt_tensor_set_requires_grad(x, true);
+                for (int i = 0; i < 2; i++)
+                    dt_tensor_set_requires_grad(W[i], true);
+                dt_tensor_set_requires_grad(B[0], true);
+                dt_tensor *y[2];
+                if (fused) {
+                    TH_OK(dt_tp_sp_gather_products(ctx, pg, x, 1, 2, W, B, wio, y));
+                    /* the gathered rows' memory (the most recent given back of its size) handed out again */
+                    dt_tensor *again = dt_tensor_empty(ctx, DT_F32, 3, (int64_t[]){SB, T, PC});
+                    TH_CHECK(again, "memory");
+                    for (int i = 0; i < SB * T * PC; i++)
+                        ((float *)again->data)[i] = NAN;
+                } else {
+                    dt_tensor *g = dt_tp_sp_gather(ctx, pg, x, 1);
+                    for (int i = 0; i < 2; i++)
+                        y[i] = wio ? dt_addmm(ctx, g, W[i], B[i]) : dt_linear(ctx, g, W[i], B[i]);
+                }
+                TH_CHECK(y[0] && y[1] && y[0]->shape[1] == T && y[1]->shape[2] == PO1, "products: %s",
+                         dt_last_error());
+                dt_tensor *l0 = dt_sum(ctx, dt_mul(ctx, y[0], dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, PO0}, u)));
+                dt_tensor *l1 = dt_sum(ctx, dt_mul(ctx, y[1], dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, PO1},
+                                                                             u + SB * T * PO0)));
+                TH_OK(dt_backward(ctx, dt_add(ctx, l0, l1)));
+                float got[SB * ST * PC + PC * (PO0 + PO1) + PO0];
+                int k = 0;
+                for (int i = 0; i < nl; i++)
+                    got[k++] = dt_tensor_get(x->grad, i);
+                for (int j = 0; j < 2; j++) /* in the [in, out] order */
+                    for (int a = 0; a < PC; a++)
+                        for (int o = 0; o < (j ? PO1 : PO0); o++)
+                            got[k++] = dt_tensor_get(W[j]->grad, wio ? a * (j ? PO1 : PO0) + o : o * PC + a);
+                for (int o = 0; o < PO0; o++)
+                    got[k++] = dt_tensor_get(B[0]->grad, o);
+                for (int i = 0; i < k; i++) {
+                    if (!fused)
+                        want[bf][i] = got[i];
+                    else
+                        TH_CHECK(got[i] == want[bf][i] && isfinite(got[i]), "%s %s: gradient %d: %g, the gather and "
+                                 "products %g", bf ? "bf16" : "f32", wio ? "[in, out]" : "[out, in]", i, got[i],
+                                 want[bf][i]);
+                }
+                dt_ctx_reset(ctx);
+                TH_OK(dt_autocast_set(ctx, DT_F32, NULL));
+            }
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(tp_sequence_parallel_products_gather_again)
+{
+    ASSERT_EQ_INT(th_run(2, 30, products_body, NULL, NULL), 0);
+    ASSERT_EQ_INT(th_run(3, 30, products_body, NULL, NULL), 0);
 }
 
 TEST(tp_ops_grad)
@@ -631,6 +722,7 @@ int main(void)
     RUN(tp_ops_grad);
     RUN(tp_partial_sums_reuse_their_memory);
     RUN(tp_sequence_parallel_ops);
+    RUN(tp_sequence_parallel_products_gather_again);
     RUN(tp_rms_norm_split_rows);
     RUN(tp_vocab_cross_entropy);
     RUN(tp_mlp_steps);

@@ -183,8 +183,9 @@ TEST(context_parallel)
     dt_free(r);
 }
 
-/* Sequence parallelism against tp alone: the norms' inputs (two a block, the final one) kept on T / tp positions,
- * the norms and residual adds split over tp, four all-gathers and four reduce-scatters a block (and the final
+/* Sequence parallelism against tp alone: the norms' inputs (two a block, the final one) kept on T / tp positions
+ * and the column products' gathered rows not kept, the norms and residual adds split over tp, six all-gathers (two
+ * of them the rows gathered again for the weights' gradients) and four reduce-scatters a block (and the final
  * gather) at their own curves in place of the four all-reduces; its rules by name. Ulysses against the ring: its
  * all-to-alls (q, k, v and the output forward, 8 row widths backward, (cp - 1)/cp of each at the all-gather
  * curve) and their packing copies; T divisible by cp (not 2 cp) and a tp rank's heads by cp. */
@@ -201,12 +202,21 @@ TEST(sequence_parallel_and_ulysses)
     ASSERT_OK(dt_plan_predict(&sp, &c, &tp2, &a));
     ASSERT_OK(dt_plan_predict(&sp, &c, &sp2, &b));
     ASSERT(a.feasible && b.feasible);
+    /* tp alone: a block's activations less the row-parallel sums' two partial products (formed in place), the
+       fixed part split; in bf16 the products are half as wide */
+    ASSERT_NEAR(a.act_bytes, 2 * 64 * (12 * (c.act_block - 2 * 4.0 * 768) + c.act_fixed / 2), 1, 0);
+    c.dtype = DT_BF16;
+    dt_plan_prediction h;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp2, &h));
+    ASSERT_NEAR(h.act_bytes, 2 * 64 * (12 * (c.act_block - 2 * 2.0 * 768) + c.act_fixed / 2), 1, 0);
+    c.dtype = DT_F32;
     const double s = 4.0 * 768 * (1 - 1.0 / 2); /* a norm's input: the half of its f32 row a rank does not keep */
-    ASSERT_NEAR(a.act_bytes - b.act_bytes, 2 * 64 * (12 * 2 + 1) * s, 1, 0);
+    const double g = 2 * 4.0 * 768; /* a block's two gathered f32 rows, gathered again in backward */
+    ASSERT_NEAR(a.act_bytes - b.act_bytes, 2 * 64 * (12 * (2 * s + g) + s), 1, 0);
     const double act_mb = 2.0 * 64 * 768 * 4, share = act_mb / 2;
     ASSERT_NEAR(a.comm_s, 4 * 12 * 2 * share / c.coll_bw + (4 * 12 + 4) * c.coll_lat_s, 0, 1e-9);
     ASSERT_NEAR(b.comm_s,
-                49 * (share / c.ag_bw + c.ag_lat_s) + 49 * (share / c.rs_bw + c.rs_lat_s) + 3 * c.coll_lat_s, 0, 1e-9);
+                73 * (share / c.ag_bw + c.ag_lat_s) + 49 * (share / c.rs_bw + c.rs_lat_s) + 3 * c.coll_lat_s, 0, 1e-9);
     ASSERT(b.compute_s < a.compute_s); /* the norms and residual adds split */
     char buf[160];
     ASSERT_STR_EQ(dt_plan_layout_str(&sp2, buf, sizeof buf), "dp1 tp2 sp pp1 zero0 b2 ga1");
@@ -221,7 +231,7 @@ TEST(sequence_parallel_and_ulysses)
     ASSERT_OK(dt_plan_predict(&sp, &c, &cptp, &a));
     ASSERT_OK(dt_plan_predict(&sp, &c, &cpsp, &b));
     ASSERT(a.feasible && b.feasible);
-    ASSERT_NEAR(a.act_bytes - b.act_bytes, 2 * 32 * (12 * 2 + 1) * s, 1, 0);
+    ASSERT_NEAR(a.act_bytes - b.act_bytes, 2 * 32 * (12 * (2 * s + g) + s), 1, 0);
     sp.world = 2;
     c.seq = 63;
     ASSERT_OK(dt_plan_predict(&sp, &c, &sp2, &a));

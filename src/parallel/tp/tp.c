@@ -17,6 +17,8 @@
  * full [N, V] logits; the backward softmax(l) - onehot is local. */
 #include "tp_impl.h"
 #include "nn/nn_layer.h"
+#include "autograd/ag_refetch.h"
+#include "dtrain/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -421,6 +423,103 @@ dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
     get_cols(out->data, c->data, s->g.outer, w * dt_pg_size(tp), w, w * dt_pg_rank(tp), dt_dtype_size(x->dtype));
     sp_end(ctx, x, c);
     return dt_ag_custom(ctx, 1, &x, out, sp_allgather_bwd, s);
+}
+
+/* ---- sequence parallelism's column-parallel products --------------------------------------- */
+
+/* The gathered input of dt_tp_sp_gather_products, fetched again for the weights' gradients */
+typedef struct {
+    dt__refetch r; /* first: the products' backwards hold &r */
+    dt_pg *tp;
+    const dt_tensor *x; /* the rank's rows (contiguous; the gather's input, kept) */
+    sp_geom g;
+    int users;   /* products whose weight trains: each gets and puts once a backward */
+    int pending; /* of them, still to put the gathered input back */
+    void *buf;   /* the gathered input while pending */
+    size_t bytes;
+    dt_dtype dtype;
+} sp_refetch;
+
+static const void *refetch_get(dt_ctx *ctx, dt__refetch *r, dt_dtype t)
+{
+    sp_refetch *s = (sp_refetch *)r;
+    if (s->buf && s->dtype == t)
+        return s->buf;
+    if (s->buf) {
+        dt_error(DT_ERR_STATE, "dt_tp_sp_gather_products backward: its products want the input in %s and %s",
+                 dt_dtype_name(s->dtype), dt_dtype_name(t));
+        return NULL;
+    }
+    const int64_t n = dt_tensor_numel(s->x) * dt_pg_size(s->tp);
+    const size_t xs = dt_dtype_size(s->x->dtype), xbytes = (size_t)n * xs;
+    s->bytes = (size_t)n * dt_dtype_size(t);
+    if (!(s->buf = dt_ctx_alloc(ctx, s->bytes)))
+        return NULL;
+    void *tmp = s->x->dtype == t ? s->buf : dt_ctx_alloc(ctx, xbytes);
+    dt_status st = tmp ? sp_allgather(ctx, s->tp, s->x->data, tmp, &s->g, s->x->dtype) : dt_last_status();
+    if (st >= 0 && tmp != s->buf)
+        st = dt_k_convert(tmp, s->x->dtype, s->buf, t, n);
+    if (tmp && tmp != s->buf)
+        dt_arena_give_back(dt_ctx_arena(ctx), tmp, xbytes);
+    if (st < 0) {
+        dt_error_wrap(st, "dt_tp_sp_gather_products backward: all-gather of the input");
+        dt_arena_give_back(dt_ctx_arena(ctx), s->buf, s->bytes);
+        s->buf = NULL;
+        return NULL;
+    }
+    s->dtype = t;
+    s->pending = s->users;
+    return s->buf;
+}
+
+static void refetch_put(dt_ctx *ctx, dt__refetch *r)
+{
+    sp_refetch *s = (sp_refetch *)r;
+    if (s->pending > 0 && --s->pending == 0) {
+        dt_arena_give_back(dt_ctx_arena(ctx), s->buf, s->bytes);
+        s->buf = NULL;
+    }
+}
+
+dt_status dt_tp_sp_gather_products(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim, int n, dt_tensor *const *w,
+                                   dt_tensor *const *b, bool weight_in_out, dt_tensor **y)
+{
+    const char *op = "dt_tp_sp_gather_products";
+    if (!y || !w || n < 1 || n > 8)
+        return dt_error(!y || !w ? DT_ERR_NULL : DT_ERR_INVALID_ARG, "%s: %s", op,
+                        !y ? "y is NULL" : !w ? "w is NULL" : "n must be 1 to 8");
+    for (int i = 0; i < n; i++)
+        y[i] = NULL;
+    dt_tensor *g = dt_tp_sp_gather(ctx, tp, x, dim);
+    if (!g)
+        return dt_last_status();
+    for (int i = 0; i < n; i++) {
+        dt_tensor *bi = b ? b[i] : NULL;
+        if (!(y[i] = weight_in_out ? dt_addmm(ctx, g, w[i], bi) : dt_linear(ctx, g, w[i], bi))) {
+            for (int j = 0; j < i; j++)
+                y[j] = NULL;
+            return dt_error_wrap(dt_last_status(), "%s: product %d", op, i);
+        }
+    }
+    if (g == x || !g->node_ || !dt_tensor_is_contiguous(x)) /* one rank, no-grad mode, or the rows copied */
+        return DT_OK;
+    sp_refetch *s = dt_ctx_alloc(ctx, sizeof *s);
+    if (s)
+        *s = (sp_refetch){.r = {refetch_get, refetch_put}, .tp = tp, .x = x};
+    if (!s || !sp_geom_of(op, x, dim, 1, &s->g)) { /* (the gather took the same dim) */
+        for (int i = 0; i < n; i++)
+            y[i] = NULL;
+        return dt_last_status();
+    }
+    int set = 0;
+    for (int i = 0; i < n; i++)
+        if (dt__dense_refetch(ctx, y[i], g, &s->r)) {
+            set++;
+            s->users += (w[i]->flags & DT_TENSOR_REQUIRES_GRAD) != 0;
+        }
+    if (set == n) /* no product holds it: the gather's backward reads only the gradient */
+        dt_arena_give_back(dt_ctx_arena(ctx), g->data, dt_tensor_nbytes(g));
+    return DT_OK;
 }
 
 /* ---- layers --------------------------------------------------------------------------- */
