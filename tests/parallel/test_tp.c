@@ -519,6 +519,42 @@ static int ce_body(int rank, int size, void *arg)
             double want = j < nv ? dt_tensor_get(lf->grad, i * CE_V + lo + j) : 0.0;
             TH_CHECK(fabs(g - want) <= 1e-7, "grad [%d, %d]: %g, want %g", i, j, g, want);
         }
+    /* rows x columns past the threads' threshold (2 ranks): the same again, and the rank's logits read where they
+       are (a copy grew the arena by their size) */
+    enum { BN = 40, BV = 4099 };
+    float *big = malloc(sizeof(float) * BN * BV), *bl = malloc(sizeof(float) * BN * BV);
+    int64_t by[BN];
+    TH_CHECK(big && bl, "memory");
+    fill(big, BN * BV, 11, 0);
+    for (int i = 0; i < BN; i++)
+        by[i] = i == 3 ? -100 : (i * 97) % BV;
+    dt_tensor *bf = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){BN, BV}, big);
+    dt_tensor *byt = dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){BN}, by);
+    dt_tensor_set_requires_grad(bf, true);
+    ref = dt_cross_entropy(ctx, bf, byt);
+    TH_OK(dt_backward(ctx, ref));
+    dt_tp_vocab_range(pg, BV, &lo, &nv, &Vl);
+    for (int i = 0; i < BN; i++)
+        for (int j = 0; j < Vl; j++)
+            bl[i * Vl + j] = j < nv ? big[i * BV + lo + j] : -1e3f;
+    dt_tensor *bll = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){BN, Vl}, bl);
+    dt_tensor_set_requires_grad(bll, true);
+    const size_t used = dt_arena_used(dt_ctx_arena(ctx));
+    loss = dt_tp_vocab_cross_entropy(ctx, pg, bll, byt, BV);
+    TH_CHECK(loss, "%s", dt_last_error());
+    TH_CHECK(dt_arena_used(dt_ctx_arena(ctx)) - used < dt_tensor_nbytes(bll), "the loss kept %zu bytes beside %zu of "
+             "logits", dt_arena_used(dt_ctx_arena(ctx)) - used, dt_tensor_nbytes(bll));
+    TH_OK(dt_backward(ctx, loss));
+    a = dt_tensor_item(loss), b = dt_tensor_item(ref);
+    TH_CHECK(fabsf(a - b) <= 4e-7f * fabsf(b) + 1e-7f, "large: loss %.9g, dt_cross_entropy %.9g", a, b);
+    for (int i = 0; i < BN; i++)
+        for (int j = 0; j < Vl; j++) {
+            double g = dt_tensor_get(bll->grad, i * Vl + j);
+            double want = j < nv ? dt_tensor_get(bf->grad, i * BV + lo + j) : 0.0;
+            TH_CHECK(fabs(g - want) <= 1e-7, "large: grad [%d, %d]: %g, want %g", i, j, g, want);
+        }
+    free(big);
+    free(bl);
     /* a label outside the vocabulary */
     y[1] = CE_V;
     yt = dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){CE_N}, y);

@@ -772,8 +772,11 @@ dt_module *dt_tp_vocab_head(dt_pg *tp, int64_t num_embeddings, int64_t dim, bool
 
 /* ---- vocabulary-parallel cross-entropy -------------------------------------------------- */
 
+/* Rows x columns above which the rows are spread over the threads (each row's sums stay in their order) */
+#define VCE_PAR ((int64_t)1 << 16)
+
 typedef struct {
-    const float *logits; /* [N, Vl] contiguous */
+    const float *logits; /* [N, Vl] contiguous: the logits' own memory (their producer's output), or a copy */
     const int64_t *labels;
     const float *mx;     /* [N] global row max */
     const double *sum;   /* [N] global sum of exp(l - max) */
@@ -788,6 +791,7 @@ static dt_status vce_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor 
         return DT_OK;
     const float g = ((const float *)gout->data)[0] / (float)s->count;
     float *d = gin[0]->data;
+#pragma omp parallel for schedule(static) if (s->N * s->nv > VCE_PAR)
     for (int64_t i = 0; i < s->N; i++) {
         const int64_t y = s->labels[i];
         if (y == -100)
@@ -828,7 +832,10 @@ dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, 
         return NULL;
     }
     const int64_t N = dt_tensor_numel(labels);
-    dt_tensor *lc = dt_tensor_clone(ctx, logits), *yc = dt_tensor_clone(ctx, labels);
+    /* the logits as they are where contiguous: nothing writes them after their producer (a copy kept a second
+       [N, Vl] f32 until the step's end) */
+    dt_tensor *lc = dt_tensor_is_contiguous(logits) ? logits : dt_tensor_clone(ctx, logits);
+    dt_tensor *yc = dt_tensor_clone(ctx, labels);
     vce_save *s = dt_ctx_alloc(ctx, sizeof *s);
     int64_t *y = dt_ctx_alloc(ctx, (size_t)N * sizeof *y + 8);
     float *mx = dt_ctx_alloc(ctx, (size_t)N * sizeof *mx + 8);
@@ -847,6 +854,7 @@ dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, 
         count += y[i] != -100;
     }
     const float *L = lc->data;
+#pragma omp parallel for schedule(static) if (N * nv > VCE_PAR)
     for (int64_t i = 0; i < N; i++) {
         float m = -INFINITY;
         for (int64_t j = 0; j < nv; j++)
@@ -858,6 +866,7 @@ dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, 
         dt_error_wrap(st, "%s: all-reduce of the row maxima", op);
         return NULL;
     }
+#pragma omp parallel for schedule(static) if (N * nv > VCE_PAR)
     for (int64_t i = 0; i < N; i++) {
         double e = 0;
         for (int64_t j = 0; j < nv; j++)
