@@ -304,9 +304,9 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double blk = fmax(l->act_ckpt ? c->act_block_ckpt - sp_norm : blk_live, 0);
     const double one_blk = l->act_ckpt ? fmax(blk_live, 0) : 0; /* the block being recomputed */
     double act_first = mb * Tr * (pp > 1 ? (double)(pp < m ? pp : m) : 1.0) * blocks_rank * blk;
-    /* the vocabulary-parallel loss reads the rank's logits where they are (it copied them until 2026-12, and the
-       fixed part split over tp matched llama-100m's runs with that copy): one f32 row of V/tp a token less
-       (measured at 1024 tokens on tp 2: llama-100m 66 MiB, GPT-2 124M 102 MiB) */
+    /* the vocabulary-parallel loss reads the rank's logits where they are: one f32 row of V/tp a token less than
+       the fixed part split over tp (which matched llama-100m's runs while the loss copied them; measured at 1024
+       tokens on tp 2: llama-100m 66 MiB less without the copy, GPT-2 124M 102 MiB) */
     const double vce_copy = tp > 1 ? 4.0 * (double)((c->vocab + tp - 1) / tp) : 0;
     double act_last = mb * Tr * (blocks_last * blk + fmax(act_fixed / tp - sp_norm - vce_copy, 0));
     if (pp == 1)

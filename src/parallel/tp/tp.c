@@ -93,13 +93,17 @@ static dt_status ident_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tenso
     return DT_OK;
 }
 
-dt_tensor *dt_tp_reduce_from_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
+/* x the caller gives up (tp.h): an op's own contiguous output, which neither its producer's backward nor g's reads */
+static bool given_up(const dt_tensor *x) { return x->node_ && dt_tensor_is_contiguous(x); }
+
+/* g: the sum into a copy of x, or with in_place into x's own memory (the result aliases x) */
+static dt_tensor *reduce_g(const char *op, dt_ctx *ctx, dt_pg *tp, dt_tensor *x, bool in_place)
 {
-    if (!need("dt_tp_reduce_from_region", tp, x))
+    if (!need(op, tp, x))
         return NULL;
     if (tp_trivial(tp))
         return x;
-    dt_tensor *out = dt_tensor_clone(ctx, x);
+    dt_tensor *out = in_place && given_up(x) ? dt_tensor_alias(ctx, x) : dt_tensor_clone(ctx, x);
     if (!out)
         return NULL;
     dt_status st = dt_pg_allreduce(tp, DT_IN_PLACE, out->data, (size_t)dt_tensor_numel(out), out->dtype,
@@ -111,25 +115,14 @@ dt_tensor *dt_tp_reduce_from_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
     return dt_ag_custom(ctx, 1, &x, out, ident_bwd, tp);
 }
 
-/* x the caller gives up (tp.h): an op's own contiguous output, which neither its producer's backward nor g's reads */
-static bool given_up(const dt_tensor *x) { return x->node_ && dt_tensor_is_contiguous(x); }
+dt_tensor *dt_tp_reduce_from_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
+{
+    return reduce_g("dt_tp_reduce_from_region", ctx, tp, x, false);
+}
 
 dt_tensor *dt_tp_reduce_partial(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
 {
-    if (!need("dt_tp_reduce_partial", tp, x))
-        return NULL;
-    if (tp_trivial(tp) || !given_up(x))
-        return dt_tp_reduce_from_region(ctx, tp, x);
-    dt_tensor *out = dt_tensor_alias(ctx, x); /* the sum in x's memory: no copy beside it */
-    if (!out)
-        return NULL;
-    dt_status st = dt_pg_allreduce(tp, DT_IN_PLACE, out->data, (size_t)dt_tensor_numel(out), out->dtype,
-                                   DT_REDUCE_SUM);
-    if (st < 0) {
-        dt_error_wrap(st, "tensor parallel g (reduce from region): all-reduce");
-        return NULL;
-    }
-    return dt_ag_custom(ctx, 1, &x, out, ident_bwd, tp);
+    return reduce_g("dt_tp_reduce_partial", ctx, tp, x, true);
 }
 
 /* Rows M and the last dim n of x (ndim >= 1). */
