@@ -241,7 +241,21 @@ static dt_tensor *ln_forward(dt_ctx *ctx, dt_module *ln, dt_tensor *x, dt_pg *sp
 static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
 {
     dt_tensor *y = dt_tp_sp_reduce_scatter_partial(ctx, sp, dt_addmm(ctx, x, dt_module_param(m, 0), NULL), 1);
-    return dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1)));
+    return dt_tp_sp_lora(ctx, m, x, dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1))), sp);
+}
+
+/* Column-parallel module m's product on the rank's rows x under sequence parallelism, without m's bias when
+ * bias is false: with LoRA adapters on m, on the gathered rows (which the adapters keep) and the adapters added
+ * (dt_tp_sp_lora); without, dt_tp_sp_gather_products (the gathered rows not kept) */
+static dt_tensor *column_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp, bool bias)
+{
+    dt_tensor *w = dt_module_param(m, 0), *b = bias ? dt_module_param(m, 1) : NULL, *y = NULL;
+    if (!dt_module_find_child(m, "lora_A")) {
+        dt_tp_sp_gather_products(ctx, sp, x, 1, 1, &w, &b, true, &y);
+        return y;
+    }
+    dt_tensor *g = dt_tp_sp_gather(ctx, sp, x, 1);
+    return dt_tp_sp_lora(ctx, m, g, dt_addmm(ctx, g, w, b), sp);
 }
 
 /* A dropout module on x [B, R, ...]. Under sequence parallelism x holds the rank's chunk of its rows (rows
@@ -272,12 +286,7 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     dt_module *drop = child(self, "attn_dropout");
     dt_pg *sp = sp_group(self, child(self, "c_attn"));
     dt_module *ca = child(self, "c_attn");
-    dt_tensor *qkv = NULL;
-    if (sp) /* the gathered rows not kept for c_attn's weight gradient (gathered again in backward) */
-        dt_tp_sp_gather_products(ctx, sp, x, 1, 1, (dt_tensor *[]){dt_module_param(ca, 0)},
-                                 (dt_tensor *[]){dt_module_param(ca, 1)}, true, &qkv);
-    else
-        qkv = dt_module_forward(ctx, ca, x);
+    dt_tensor *qkv = sp ? column_sp(ctx, ca, x, sp, true) : dt_module_forward(ctx, ca, x);
     if (!qkv)
         return NULL;
     dt_rng_key key = dt_module_dropout_key(drop);
@@ -300,8 +309,10 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     dt_pg *sp = sp_group(self, fc);
     dt_tensor *h;
     if (sp) {
-        dt_tp_sp_gather_products(ctx, sp, x, 1, 1, (dt_tensor *[]){dt_module_param(fc, 0)}, NULL, true, &h);
-        h = h ? dt_bias_gelu_tanh(ctx, h, dt_module_param(fc, 1)) : NULL;
+        if (dt_module_find_child(fc, "lora_A")) /* its output with the adapters', as the module's */
+            h = dt_gelu_tanh(ctx, column_sp(ctx, fc, x, sp, true));
+        else /* its bias fused into the GELU */
+            h = dt_bias_gelu_tanh(ctx, column_sp(ctx, fc, x, sp, false), dt_module_param(fc, 1));
         h = row_sp(ctx, child(self, "c_proj"), h, sp);
         return drop_forward(ctx, child(self, "dropout"), h, sp, cp_of(ud));
     }
@@ -616,9 +627,10 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     const dt_cp_params *cp = cp_of(&c->cp);
     if ((st = check_config(&g, tp)) < 0)
         return st;
-    if (sp && c->build.lora) /* its sequence-parallel forwards call the layers' weights directly */
-        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: LoRA with sequence parallelism is not supported (tensor "
-                        "parallelism without it is)");
+    if (cp && c->build.lora && c->build.lora->dropout > 0) /* its masks follow a rank's rows, not the positions */
+        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: LoRA dropout %g with context parallelism is not supported (each "
+                        "rank would draw the masks of the other ranks' rows); set it to 0",
+                        (double)c->build.lora->dropout);
     int64_t T = c->seq ? c->seq : g.block_size;
     if (T < 1 || T > g.block_size)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is outside [1, %lld] (the block size)",

@@ -179,14 +179,16 @@ static dt_tensor *norm_fwd(dt_ctx *ctx, const llama_rt *rt, dt_module *norm, dt_
 }
 
 /* o_proj or down_proj (row-parallel) on the rank's columns x: under sequence parallelism the partial products
- * reduce-scattered over the rows, then the bias (through f); else the module (g's all-reduce) */
+ * reduce-scattered over the rows, then the bias (through f) and the rank's rows of its LoRA adapters' output;
+ * else the module (g's all-reduce) */
 static dt_tensor *leave(dt_ctx *ctx, const llama_rt *rt, dt_module *proj, dt_tensor *x)
 {
     if (!rt || !rt->sp)
         return dt_module_forward(ctx, proj, x);
     dt_tensor *y = dt_tp_sp_reduce_scatter_partial(ctx, rt->sp, dt_linear(ctx, x, dt_module_param(proj, 0), NULL), 1);
-    return dt_module_num_params(proj) > 1 ? dt_add(ctx, y, dt_tp_copy_to_region(ctx, rt->sp, dt_module_param(proj, 1)))
-                                          : y;
+    if (dt_module_num_params(proj) > 1)
+        y = dt_add(ctx, y, dt_tp_copy_to_region(ctx, rt->sp, dt_module_param(proj, 1)));
+    return dt_tp_sp_lora(ctx, proj, x, y, rt->sp); /* its LoRA adapters, if any */
 }
 
 static void rt_free(void *p)
@@ -878,9 +880,6 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_INVALID_ARG, "llama: dropout %g is outside [0, 1)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
     const bool sp = tp && c.sequence_parallel; /* without tensor parallelism (or a group of one): plain */
-    if (sp && c.build.lora) /* its forwards call o_proj's and down_proj's weights directly */
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: LoRA with sequence parallelism is not supported (tensor "
-                        "parallelism without it is)");
     if (tp) {
         const int t = dt_pg_size(tp);
         const struct {
@@ -902,6 +901,10 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");
+    if (cp && c.build.lora && c.build.lora->dropout > 0) /* its masks follow a rank's rows, not the positions */
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: LoRA dropout %g with context parallelism is not supported (each "
+                        "rank would draw the masks of the other ranks' rows); set it to 0",
+                        (double)c.build.lora->dropout);
     const int64_t Tr = cp ? T / dt_pg_size(c.cp.group) : T; /* a cp rank's rows (dt_cp_check: whole) */
     if (sp && Tr % dt_pg_size(tp))
         return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld%s is not divisible by the tensor-parallel "

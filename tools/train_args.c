@@ -152,7 +152,7 @@ static const opt_def opts[] = {
      "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc; all-linear: "
      "every Linear/Conv1D layer but lm_head, as PEFT's target_modules=\"all-linear\"), every "
      "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
-     "with DDP, ZeRO, --tp and --pp (not --sequence-parallel); checkpoints keep the LoRA settings (eval/generate --ckpt "
+     "with DDP, ZeRO, --tp (--sequence-parallel too) and --pp; checkpoints keep the LoRA settings (eval/generate --ckpt "
      "and --resume rebuild the model with them)"},
     {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
@@ -927,9 +927,9 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --sequence-parallel needs a GPT or Llama model and --tp N > 1\n");
         return 2;
     }
-    if (o->sequence_parallel && (o->lora_targets || o->lora_from)) {
-        dt__cli_err("dtrain train: --sequence-parallel does not combine with LoRA (--lora-targets, --lora-from): "
-                    "tensor parallelism without sequence parallelism does\n");
+    if (o->cp > 1 && o->lora_dropout > 0) { /* the models refuse it too (--lora-from's dropout) */
+        dt__cli_err("dtrain train: --lora-dropout does not combine with --cp %lld: its masks follow a rank's rows, not "
+                    "the positions (LoRA without dropout does)\n", (long long)o->cp);
         return 2;
     }
     if ((o->cp_impl || o->cp_balance) && o->cp <= 1) {

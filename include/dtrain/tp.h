@@ -198,6 +198,17 @@ DT_API dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim
 DT_API dt_status dt_tp_sp_gather_products(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim, int n,
                                           dt_tensor *const *w, dt_tensor *const *b, bool weight_in_out,
                                           dt_tensor **y);
+/* LoRA on tensor-parallel layer m (dt_tp_lora_linear's, or this header's
+ * own layers) under sequence parallelism, for forwards that run m's
+ * weights directly: y + scaling * B(A(dropout(x))), the adapters split as
+ * the layer. Column-parallel m: x the gathered input (dt_tp_sp_gather,
+ * whose backward sums x's gradient over the group), y the rank's output
+ * columns. Row-parallel m: x the rank's input columns of whole rows, y the
+ * rank's rows (dim 1) of the output (after dt_tp_sp_reduce_scatter): the
+ * adapters' output is formed on the whole rows and its rank's rows added.
+ * y itself when m carries no adapters. The same values as one process's
+ * LoRA layer, as under tensor parallelism without sequence parallelism. */
+DT_API dt_tensor *dt_tp_sp_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y, dt_pg *sp);
 
 /* ---- layers (modules; forward collective over tp) ---------------------------------- */
 

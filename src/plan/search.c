@@ -186,8 +186,6 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
                    cp);
     if (l->sp && tp == 1)
         infeasible(out, "sequence parallelism needs tp > 1");
-    if (sp && lr->block > 0)
-        infeasible(out, "sequence parallelism does not combine with LoRA");
     if (sp && (c->seq % cp || (c->seq / cp) % tp))
         infeasible(out, "the %lld positions of a rank do not split over tp %d (sequence parallelism)",
                    (long long)(c->seq / cp), tp);
@@ -293,7 +291,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     /* and its column-parallel products keep only the rank's rows of their input, gathering them again for the
        weights' gradients (tp.h: dt_tp_sp_gather_products): two gathered rows of the norms' f32 outputs a token
        fewer (measured at 1024 tokens on tp 2: llama-100m 70 MiB less, GPT-2 124M 68) */
-    const double sp_gathered = sp ? 2.0 * 4.0 * (double)c->n_embd : 0;
+    const double sp_gathered = sp && lr->block <= 0 ? 2.0 * 4.0 * (double)c->n_embd : 0; /* LoRA's A reads them */
     /* and the row-parallel layers' sums (attention's output projection, the MLP's down projection) are formed in
        their partial products' memory or give it back (tp.h: dt_tp_reduce_partial, _sp_reduce_scatter_partial):
        two rows of the activations' dtype a token fewer than that (measured at 1024 tokens on tp 2: llama-100m
@@ -444,7 +442,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
                         the final norm's rows gathered for the head (a reduce-scatter backward), the embedding's
                         and the loss's three all-reduces as without */
         const double share = (double)(tp - 1) / tp * act_mb, n_rs = 4.0 * blocks_rank + 1;
-        const double n_ag = n_rs + 2.0 * blocks_rank;
+        const double n_ag = n_rs + (p->lora.block > 0 ? 0 : 2.0 * blocks_rank); /* LoRA keeps the gathered rows */
         t_curves += (n_ag * (share / ag_bw + ag_lat) + n_rs * (share / rs_bw + rs_lat)) * m * ga;
         calls += 3.0 * m * ga;
     }

@@ -288,7 +288,8 @@ TEST(sequence_parallel_and_ulysses)
 
 /* LoRA: the model's parameters frozen (in the parameter dtype, on the rank's tp slice, never sharded), the
  * adapters training (their state, gradients and the reductions are theirs only), the activations measured for
- * LoRA, the compute scaled by the measured ratio; sequence parallelism refused by name; bad figures refused.
+ * LoRA, the compute scaled by the measured ratio; with sequence parallelism the gathered rows kept (LoRA's A reads
+ * them); bad figures refused.
  * dt_plan_lora_measure on llama-tiny: q_proj's and v_proj's adapters (r 8: 8 x (64 + 64) and 8 x (64 + 32)). */
 TEST(lora_frozen_and_measured)
 {
@@ -312,9 +313,16 @@ TEST(lora_frozen_and_measured)
     ASSERT_NEAR(a.act_bytes, 2 * 64 * (12 * 2 * c.act_block + c.act_fixed), 1, 0);
     ASSERT_NEAR(a.compute_s, 0.7 * full.compute_s, 0, 1e-9);
     ASSERT(a.comm_s < full.comm_s && a.optim_s < full.optim_s / 100);
+    /* with sequence parallelism: LoRA's A reads the gathered rows (kept: no rows gathered again), the rest as
+       without LoRA */
     dt_plan_layout sp2 = {.dp = 2, .tp = 2, .sp = true, .pp = 1, .batch = 4, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout tp2 = sp2;
+    tp2.sp = false;
     ASSERT_OK(dt_plan_predict(&sp, &c, &sp2, &a));
-    ASSERT_STR_CONTAINS(a.reason, "sequence parallelism does not combine with LoRA");
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp2, &b));
+    ASSERT(a.feasible && b.feasible);
+    const double half_row = 4.0 * 768 * (1 - 1.0 / 2); /* a norm's input: the half a rank does not keep */
+    ASSERT_NEAR(b.act_bytes - a.act_bytes, 4 * 64 * (12 * 2 + 1) * half_row, 1, 0); /* 4 samples a rank */
     sp.lora.fb_ratio = 0;
     ASSERT_STATUS(dt_plan_predict(&sp, &c, &ddp, &a), DT_ERR_INVALID_ARG);
     sp.lora = (dt_plan_lora){.block = 1000, .act_block = -1, .fb_ratio = 1};

@@ -606,19 +606,19 @@ TEST(plan_lora)
     ASSERT_EQ_INT(r.code, 0);
     n = parse_lines(r.out, g_rows, 1024);
     double lora = -1;
-    bool sp_refused = false;
+    bool sp_listed = false; /* sequence parallelism with LoRA: a feasible layout */
     for (int i = 0; i < n; i++) {
         if (num(g_rows[i], "dp") == 2 && num(g_rows[i], "zero_stage") == 0 && num(g_rows[i], "grad_accum") == 1 &&
             cJSON_IsFalse(cJSON_GetObjectItem(g_rows[i], "act_ckpt")))
             lora = num(g_rows[i], "state_bytes");
-        sp_refused |= strstr(cJSON_GetObjectItem(g_rows[i], "reason")->valuestring,
-                             "sequence parallelism does not combine with LoRA") != NULL;
+        sp_listed |= cJSON_IsTrue(cJSON_GetObjectItem(g_rows[i], "sequence_parallel")) &&
+                     cJSON_IsTrue(cJSON_GetObjectItem(g_rows[i], "feasible"));
         cJSON_Delete(g_rows[i]);
     }
     /* gpt-micro: 136960 parameters; c_attn's adapters r 8 x (64 + 192) a block, 2 blocks */
     ASSERT_NEAR(full, 16.0 * 136960, 64, 0);
     ASSERT_NEAR(lora, 4.0 * 136960 + 16.0 * 2 * 8 * (64 + 192), 64, 0);
-    ASSERT(sp_refused);
+    ASSERT(sp_listed);
     cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "gpt-micro", "--world", "2", "--calib", g_calib,
                                        "--lora-targets", "c_attn", "--lora-r", "4", NULL});
     ASSERT_EQ_INT(r.code, 0);

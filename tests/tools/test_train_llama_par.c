@@ -15,7 +15,8 @@
  *    tp ranks), alone and with --pp 2 (the stages pass those rows), gives
  *    them too;
  *  - a --tp that does not divide the heads is one line naming the key and
- *    the size, exit 2; so is --sequence-parallel with LoRA.
+ *    the size, exit 2; --sequence-parallel with LoRA on some projections
+ *    runs (its values: test_train_lora_par.c).
  * The bound is test_train_3d_cli.c's: the runs add the same products in
  * another order, so each step loss is within 1e-5 relative plus the
  * metrics file's printing step (1.5e-6), the printed validation loss
@@ -204,10 +205,10 @@ TEST(tp_errors)
     run(&r, 4, "4", cli_path("tp4.jsonl"), (char *[]){"--tp", "4", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "num_key_value_heads 2 is not divisible by the tensor-parallel size 4");
+    /* LoRA with sequence parallelism runs (the values: test_train_lora_par), adapters on some projections only */
     run(&r, 2, "8", cli_path("sp.jsonl"),
         (char *[]){"--tp", "2", "--sequence-parallel", "--lora-targets", "q_proj,v_proj", NULL});
-    ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "sequence parallel");
+    ASSERT_EQ_INT(r.code, 0);
 }
 
 int main(void)

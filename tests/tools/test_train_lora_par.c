@@ -15,7 +15,12 @@
  *  - --lora-dropout under --tp 2 draws the one-process masks;
  *  - --freeze under --tp 2 starts from the one-process weights (the frozen
  *    parameters used to keep the tensor-parallel model's own draw);
- *  - LoRA with GPT-2's --sequence-parallel is refused (exit 2, said).
+ *  - --tp 2 --sequence-parallel (the adapters added beside the layers'
+ *    own products: dt_tp_sp_lora) follows it too, for both models, and
+ *    with GPT-2's --lora-dropout the one-process masks; llama-tiny under
+ *    --cp 2 --tp 2 --sequence-parallel (4 ranks) as well;
+ *  - --lora-dropout with --cp is refused (exit 2, said): its masks follow
+ *    a rank's rows, not the positions.
  * SGD with momentum (AdamW would turn rounding-level gradients into full
  * steps, see test_train_llama_par.c). The bound is that test's: each step
  * loss within 1e-5 relative plus 1.5e-6, the printed validation loss
@@ -192,6 +197,30 @@ TEST(llama_pp2) { follows(0, &g_llama, "pp2", 2, "8", g_pp2); }
 TEST(llama_dp2_tp2_pp2) { follows(0, &g_llama, "3d", 8, "4", g_3d); }
 TEST(gpt_tp2) { follows(1, &g_gpt, "tp2", 2, "8", g_tp2); }
 TEST(gpt_pp2) { follows(1, &g_gpt, "pp2", 2, "8", g_pp2); }
+static char *g_tp2sp[] = {"--tp", "2", "--sequence-parallel", NULL};
+TEST(llama_tp2_sequence_parallel) { follows(0, &g_llama, "tp2sp", 2, "8", g_tp2sp); }
+TEST(gpt_tp2_sequence_parallel) { follows(1, &g_gpt, "tp2sp", 2, "8", g_tp2sp); }
+static char *g_cp2tp2sp[] = {"--cp", "2", "--tp", "2", "--sequence-parallel", NULL};
+TEST(llama_cp2_tp2_sequence_parallel) { follows(0, &g_llama, "cp2tp2sp", 4, "8", g_cp2tp2sp); }
+
+/* --lora-dropout with --cp: the masks would follow a rank's rows (the other ranks' rows' masks): refused by the
+ * options, and by the models' build for --lora-from's dropout (adapters saved with dropout 0.1) */
+TEST(dropout_cp_refused)
+{
+    static cli_result r;
+    run(&r, &g_gpt, 2, "8", outp(&g_gpt, "dropcp.jsonl"), (char *[]){"--lora-dropout", "0.1", "--cp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-dropout does not combine with --cp 2");
+    run(&r, &g_llama, 1, "8", outp(&g_llama, "drop_save.jsonl"),
+        (char *[]){"--lora-dropout", "0.1", "--no-eval", "--max-steps", "1", "--save-lora",
+                   (char *)outp(&g_llama, "drop_lora"), NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    static const model_t from = {"llama", {"--model", "llama-tiny", NULL}, ""};
+    run(&r, &from, 2, "8", outp(&g_llama, "dropcp.jsonl"),
+        (char *[]){"--lora-from", (char *)outp(&g_llama, "drop_lora"), "--cp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "llama: LoRA dropout 0.1 with context parallelism is not supported");
+}
 
 /* a checkpoint saved at step 2 by `from` resumed by `to` gives the
  * one-process run's last two losses */
@@ -283,12 +312,23 @@ TEST(freeze_tp2_follows_one_process)
     ASSERT(cli_same_metrics(m2, m1, -1, 1.5e-6));
 }
 
-TEST(sequence_parallel_refused)
+/* --lora-dropout under --tp 2 --sequence-parallel: the column adapters' dropout on the gathered rows, the row
+ * adapters' on their columns of the whole rows: the one-process masks (GPT-2's c_attn, c_proj and c_fc) */
+TEST(gpt_dropout_tp2_sp_follows_one_process)
 {
     static cli_result r;
-    run(&r, &g_gpt, 2, "8", outp(&g_gpt, "sp.jsonl"), (char *[]){"--tp", "2", "--sequence-parallel", NULL});
-    ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "--sequence-parallel does not combine with LoRA");
+    const char *m1 = outp(&g_gpt, "drop1.jsonl"), *m2 = outp(&g_gpt, "drop2sp.jsonl");
+    run(&r, &g_gpt, 1, "8", m1, (char *[]){"--lora-dropout", "0.1", "--no-eval", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    run(&r, &g_gpt, 2, "8", m2,
+        (char *[]){"--lora-dropout", "0.1", "--no-eval", "--tp", "2", "--sequence-parallel", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "sequence parallel");
+    double a[64], b[64];
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
+    ASSERT_EQ_INT(nb, 4);
+    ASSERT(fabs(b[3] - g_one[1].loss[3]) > 1e-4); /* the dropout is on */
+    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
 }
 
 int main(void)
@@ -309,7 +349,11 @@ int main(void)
     RUN(lora_from_under_tp2);
     RUN(dropout_tp2_follows_one_process);
     RUN(freeze_tp2_follows_one_process);
-    RUN(sequence_parallel_refused);
+    RUN(llama_tp2_sequence_parallel);
+    RUN(gpt_tp2_sequence_parallel);
+    RUN(gpt_dropout_tp2_sp_follows_one_process);
+    RUN(llama_cp2_tp2_sequence_parallel);
+    RUN(dropout_cp_refused);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -18,7 +18,13 @@
  *
  * Every replicated adapter thus gets the same full gradient on every rank of
  * the group, and the result equals the single-process layer's within the
- * rounding of the all-reduces. */
+ * rounding of the all-reduces.
+ *
+ * Under sequence parallelism the models run the layers' weights directly
+ * and add the adapters with dt_tp_sp_lora: a column layer's on the
+ * gathered input (in the region, as IN_REGION), a row layer's on the whole
+ * rows, then the rank's rows of their output (dt_tp_sp_scatter, backward
+ * all-gather: B's gradient whole on every rank). */
 #include "tp_impl.h"
 #include "nn/nn_layer.h"
 
@@ -88,6 +94,24 @@ static dt_tensor *row_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
         return NULL;
     dt_tensor *u = dt_tp_reduce_partial(ctx, g, dt_linear(ctx, row_input(ctx, m, h, x), a->params[0], NULL));
     return dt__lora_sum(ctx, x, y, dt_linear(ctx, u, b->params[0], NULL), a->eps);
+}
+
+dt_tensor *dt_tp_sp_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y, dt_pg *sp)
+{
+    const dt_lora_hook *h = m ? m->lora : NULL;
+    dt_module *a = h ? dt_module_find_child(m, "lora_A") : NULL, *b = h ? dt_module_find_child(m, "lora_B") : NULL;
+    if (!a || !b || !x || !y)
+        return y;
+    dt_pg *g = h->group;
+    dt_tensor *d;
+    if (h->split == 1) { /* column: x gathered, in the region (the gather's backward sums its gradient), as IN_REGION */
+        dt_tensor *u = dt_linear(ctx, drop(ctx, m, x), dt_tp_copy_to_region(ctx, g, a->params[0]), NULL);
+        d = dt_linear(ctx, u, b->params[0], NULL);
+    } else { /* row: the adapters' output on the whole rows, then the rank's rows (backward: all-gathered) */
+        dt_tensor *u = dt_tp_reduce_partial(ctx, g, dt_linear(ctx, row_input(ctx, m, h, x), a->params[0], NULL));
+        d = dt_tp_sp_scatter(ctx, sp, dt_linear(ctx, u, b->params[0], NULL), 1);
+    }
+    return d ? dt__lora_sum(ctx, x, y, d, a->eps) : NULL;
 }
 
 static dt_status tp_lora(dt_module *m, dt_pg *tp, int64_t in, int64_t out, bool column, int chunks, int flags,
