@@ -207,7 +207,9 @@ DT_API dt_status dt_tp_sp_gather_products(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, 
  * rank's rows (dim 1) of the output (after dt_tp_sp_reduce_scatter): the
  * adapters' output is formed on the whole rows and its rank's rows added.
  * y itself when m carries no adapters. The same values as one process's
- * LoRA layer, as under tensor parallelism without sequence parallelism. */
+ * LoRA layer, as under tensor parallelism without sequence parallelism.
+ * NULL on error: m, x or y NULL (an earlier op's error stands), or m
+ * carries adapters but is not a tensor-parallel layer (DT_ERR_INVALID_ARG). */
 DT_API dt_tensor *dt_tp_sp_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y, dt_pg *sp);
 
 /* ---- layers (modules; forward collective over tp) ---------------------------------- */

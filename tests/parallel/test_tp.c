@@ -629,6 +629,19 @@ TEST(tp_mlp_steps) { ASSERT_EQ_INT(th_run(2, 60, mlp_body, NULL, NULL), 0); }
 
 /* ---- errors ------------------------------------------------------------------------------------ */
 
+/* the first module under m that has LoRA adapters, or NULL */
+static dt_module *lora_layer(dt_module *m)
+{
+    if (dt_module_find_child(m, "lora_A"))
+        return m;
+    for (int i = 0; i < dt_module_num_children(m); i++) {
+        dt_module *f = lora_layer(dt_module_child(m, i));
+        if (f)
+            return f;
+    }
+    return NULL;
+}
+
 static int err_body(int rank, int size, void *arg)
 {
     (void)arg;
@@ -662,6 +675,27 @@ static int err_body(int rank, int size, void *arg)
     c.tp = pg, c.sequence_parallel = true, c.build.lora = &lp;
     st = dt_model_create("gpt-micro", 1, &c, &m, NULL);
     TH_CHECK(st == DT_OK && m, "sp lora: %s", dt_last_error());
+    dt_model_free(m);
+    m = NULL;
+    /* dt_tp_sp_lora refuses a NULL operand and a layer with adapters but no tensor-parallel hook (one process's
+       LoRA layer: it would add the adapters on the rank's rows without the collectives) */
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    float xv[2 * 48] = {0};
+    dt_tensor *x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){2, 48}, xv);
+    dt_error_clear(); /* a NULL operand after a failed op keeps that op's error */
+    TH_CHECK(!dt_tp_sp_lora(ctx, NULL, x, x, pg) && dt_last_status() == DT_ERR_NULL &&
+                 strstr(dt_last_error(), "the layer"),
+             "sp lora NULL layer: %s", dt_last_error());
+    gpt_config(&c);
+    c.build.lora = &lp;
+    TH_OK(dt_model_create("gpt-micro", 1, &c, &m, NULL));
+    dt_module *lin = lora_layer(dt_model_root(m));
+    TH_CHECK(lin != NULL, "one process's gpt-micro has a layer with adapters");
+    TH_CHECK(!dt_tp_sp_lora(ctx, lin, x, x, pg) && dt_last_status() == DT_ERR_INVALID_ARG &&
+                 strstr(dt_last_error(), "not a tensor-parallel layer"),
+             "sp lora without a hook: %s", dt_last_error());
+    dt_ctx_free(ctx);
     dt_model_free(m);
     m = NULL;
     c = dt_model_config_default();

@@ -98,10 +98,20 @@ static dt_tensor *row_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 
 dt_tensor *dt_tp_sp_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y, dt_pg *sp)
 {
-    const dt_lora_hook *h = m ? m->lora : NULL;
-    dt_module *a = h ? dt_module_find_child(m, "lora_A") : NULL, *b = h ? dt_module_find_child(m, "lora_B") : NULL;
-    if (!a || !b || !x || !y)
+    if (!m || !x || !y) { /* an earlier op's error stands */
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "dt_tp_sp_lora: %s is NULL", !m ? "the layer" : !x ? "x" : "y");
+        return NULL;
+    }
+    const dt_lora_hook *h = m->lora;
+    dt_module *a = dt_module_find_child(m, "lora_A"), *b = dt_module_find_child(m, "lora_B");
+    if (!a || !b)
         return y;
+    if (!h || !h->group) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_tp_sp_lora: '%s' carries adapters but is not a tensor-parallel layer",
+                 m->path ? m->path : "?");
+        return NULL;
+    }
     dt_pg *g = h->group;
     dt_tensor *d;
     if (h->split == 1) { /* column: x gathered, in the region (the gather's backward sums its gradient), as IN_REGION */
