@@ -25,6 +25,10 @@
 #   llama-bf16 dtrain bench step --model llama-100m --batch 4 --seq 64
 #              --precision bf16 (not in the default set: name it; about
 #              2.3 GB of memory)
+#   gpt2-bf16-b8  dtrain bench step --model gpt2 --batch 8 --seq 256
+#              --precision bf16: the training size whose products have K
+#              in chunks (2048 rows of tokens); not in the default set
+#              (about 1.3 s a step and 3.2 GB on the Xeon with AMX)
 # A step workload's figure is the bench's median_ms (--steps timed steps
 # after --warmup untimed ones, the matmul peak skipped), the all-reduce's is
 # time_us. A commit whose CLI lacks a workload (an old commit without gpt2 or
@@ -101,8 +105,9 @@ case $btype in Release|Debug|RelWithDebInfo|MinSizeRel) ;;
     *) echo "compare.sh: unknown --build-type '$btype' (Release, Debug, RelWithDebInfo, MinSizeRel)" >&2; exit 2 ;;
 esac
 for w in $(echo "$workloads" | tr ',' ' '); do
-    case $w in convnet|mlp|gpt2-f32|gpt2-bf16|allreduce|llama-bf16) ;;
-        *) echo "compare.sh: unknown workload '$w' (convnet, mlp, gpt2-f32, gpt2-bf16, allreduce, llama-bf16)" >&2
+    case $w in convnet|mlp|gpt2-f32|gpt2-bf16|allreduce|llama-bf16|gpt2-bf16-b8) ;;
+        *) echo "compare.sh: unknown workload '$w' (convnet, mlp, gpt2-f32, gpt2-bf16, allreduce, llama-bf16," \
+                "gpt2-bf16-b8)" >&2
            exit 2 ;;
     esac
 done
@@ -172,6 +177,10 @@ figure() {
             p=fp32; [ "$w" = gpt2-bf16 ] && p=bf16
             # shellcheck disable=SC2086
             set -- $m --precision $p --steps "$gsteps" ;;
+        gpt2-bf16-b8) m="--model gpt2 --batch 8 --seq 256"
+            [ "$quick" = 1 ] && m="--model gpt-micro --batch 2 --seq 32"
+            # shellcheck disable=SC2086
+            set -- $m --precision bf16 --steps "$gsteps" ;;
         llama-bf16) m="--model llama-100m --batch 4 --seq 64"
             [ "$quick" = 1 ] && m="--model llama-tiny --batch 2 --seq 16"
             # shellcheck disable=SC2086

@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 out=$work/compare_quick.out
 rm -rf "$work" && mkdir -p "$work"
 DT_COMPARE_DIR=$work/builds "$src/bench/compare.sh" --quick --build-type Debug \
-    --workloads convnet,mlp,gpt2-f32,allreduce,llama-bf16 HEAD HEAD >"$out" 2>"$work/compare_quick.err"
+    --workloads convnet,mlp,gpt2-f32,allreduce,llama-bf16,gpt2-bf16-b8 HEAD HEAD >"$out" 2>"$work/compare_quick.err"
 rc=$?
 cat "$out"
 [ $rc = 0 ] || { tail -n 30 "$work/compare_quick.err"; fail "compare.sh exited $rc"; }
@@ -26,13 +26,13 @@ grep -q "^# bench/compare.sh: base $h head $h, 1 round(s), quick sizes, Debug bu
     fail "header"
 [ -x "$work/builds/$(git -C "$src" rev-parse HEAD)-Debug/build/dtrain" ] || fail "no Debug build in <commit>-Debug"
 grep -q '^workload  *base  *head  *unit  *ratio  *spread$' "$out" || fail "column header"
-for w in convnet mlp gpt2-f32 allreduce llama-bf16; do
+for w in convnet mlp gpt2-f32 allreduce llama-bf16 gpt2-bf16-b8; do
     grep -Eq "^$w +[0-9]+\.[0-9]{3} +[0-9]+\.[0-9]{3} +(ms|us) +[0-9]+\.[0-9]{3}  [0-9]+\.[0-9]{3}-[0-9]+\.[0-9]{3}$" "$out" ||
         fail "no well-formed line for $w"
 done
-[ "$(grep -c '^[a-z]' "$out")" = 6 ] || fail "expected 5 workload lines and the column header"
+[ "$(grep -c '^[a-z]' "$out")" = 7 ] || fail "expected 6 workload lines and the column header"
 # one round: the spread is the ratio itself
-awk '/^(convnet|mlp|gpt2-f32|allreduce|llama-bf16) / { split($6, s, "-"); if (s[1] != $5 || s[2] != $5) exit 1 }' "$out" ||
+awk '/^(convnet|mlp|gpt2-f32|allreduce|llama-bf16|gpt2-bf16-b8) / { split($6, s, "-"); if (s[1] != $5 || s[2] != $5) exit 1 }' "$out" ||
     fail "a one-round spread differs from its ratio"
 # the build is kept: a second run reuses it (no "# building" line)
 DT_COMPARE_DIR=$work/builds "$src/bench/compare.sh" --quick --build-type Debug --workloads mlp HEAD HEAD \
