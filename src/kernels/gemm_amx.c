@@ -111,6 +111,7 @@
 #define KC_ONE 24 /* up to this many K steps in all: one chunk (no partial sums through memory) */
 #define SWAP_ROWS 512 /* a product with B^T and at most this many rows may run transposed */
 #define BJIT_BLOCKS 1536 /* 32 x 32 blocks of a macro block that packs its own chunks of B (see gemm_run) */
+#define BJIT_CHUNK_PANELS 24 /* ... and at most this many panels with K in chunks: 768 KiB of B a chunk (see gemm_run) */
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -842,17 +843,33 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
      * 2304 x 768 0.89 -> 0.58 ms, 256 x 768 x 3072 1.30 -> 0.73, 256 x 768
      * x 50257 23.4 -> 15.6, 2048 x 768 x 3072 (bf16 result) 5.5 -> 4.5;
      * 1024 rows and more with K in one chunk 8-18% slower, so not there.
+     * With K in chunks a macro block's panels are also halved until they
+     * are at most BJIT_CHUNK_PANELS, so the chunk of B they pack (16 K
+     * steps of 2 KiB a panel: 768 KiB) stays in L2 while every row block
+     * passes over it: a 768-row weight gradient against 3072 columns (K =
+     * 2048, a GPT-2 c_fc's at B=8 T=256) packed 48 panels, 1.5 MiB a
+     * chunk, and read them back from L3 for each of its 24 row blocks. On
+     * the Xeon with AMX, 2 threads, 3 rounds interleaved: 768 x 3072 x
+     * 2048 (A^T B) 6.3-8.1 -> 4.5-4.8 ms, 768 x 2304 x 2048 3.7-4.2 ->
+     * 3.4-3.6; 16 and 12 panels no better. The macro block's sums are
+     * counted at those panels, so more products pack their chunks so:
+     * GPT-2 medium's weight gradients 1024 x 4096 x 2048 (and 4096 x 1024,
+     * transposed, see dt__amx_gemm) 9.1-9.2 -> 7.1-7.5 ms (B packed whole
+     * before). A language model head's transposed weight gradient did not
+     * gain from it (50257 x 768 x 2048: 84-92 ms either way).
      * (A^T in private rows keeps its own blocks: each thread would
      * transpose all of A^T.) */
     const int64_t jncb = kb > KC_ONE ? cdiv(nnb, nt) : NC / BLK;
     p.bjit = !g->pb && !g->tb && p.v && kb && !p.aprivate &&
-             (M <= SWAP_ROWS || (kb > KC_ONE && nmb * jncb <= BJIT_BLOCKS));
+             (M <= SWAP_ROWS || (kb > KC_ONE && nmb * min64(jncb, BJIT_CHUNK_PANELS) <= BJIT_BLOCKS));
     if (p.bjit) {
         p.mcb = nmb;
         p.ncb = jncb;
         while (kb <= KC_ONE && cdiv(nnb, p.ncb) < 8 * (int64_t)nt && p.ncb > 1)
             p.ncb /= 2;
         while (nmb * p.ncb > BJIT_BLOCKS && p.ncb > 1)
+            p.ncb = cdiv(p.ncb, 2);
+        while (kb > KC_ONE && p.ncb > BJIT_CHUNK_PANELS)
             p.ncb = cdiv(p.ncb, 2);
     }
     p.chunk = kb <= KC_ONE ? kb : KC;
@@ -955,6 +972,26 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
         g->N >= 2 * g->M) {
         dt__amx_gemm_args t = *g;
         t.tb = true;
+        t.M = g->N, t.N = g->M;
+        t.A = g->B, t.lda = g->ldb;
+        t.B = g->A, t.ldb = g->lda;
+        return gemm_run(tiles, &t, true);
+    }
+    /* A^T B with K in chunks and more rows than columns (a weight
+     * gradient X^T dY whose layer has more inputs than outputs: GPT-2's
+     * c_proj of the MLP, 3072 x 768 x 2048 at B=8 T=256) runs transposed
+     * too, C^T = B^T A: the narrower operand (dY) is the one transposed
+     * into A's copy and the wider one (X) is packed as B, row pairs
+     * interleaved, which costs less than its transpose did; the epilogue
+     * writes C back transposed (again the same sums, so the same bits).
+     * Up to 4096 rows: a language model head's weight gradient (50257
+     * rows) keeps its private rows of A^T. On the Xeon with AMX, 2
+     * threads, 3 rounds interleaved: 3072 x 768 x 2048 5.8-6.2 -> 4.3-5.0
+     * ms. With K in one chunk (K = 256) the other way round was slower
+     * (768 x 3072 x 256 transposed 0.79-0.93 -> 0.97-1.03), so not there. */
+    if (g->ta && !g->tb && !g->pb && g->act == DT__AMX_ACT_NONE && cdiv(g->K, KSTEP) > KC_ONE && g->M > g->N &&
+        g->M <= 4096) {
+        dt__amx_gemm_args t = *g;
         t.M = g->N, t.N = g->M;
         t.A = g->B, t.lda = g->ldb;
         t.B = g->A, t.ldb = g->lda;

@@ -305,12 +305,33 @@ TEST(few_rows_transposed)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* A^T B with K in chunks and more rows than columns (a weight gradient of
+ * a layer with more inputs than outputs): the driver computes the
+ * transpose, B^T A, and its epilogue writes it back transposed. Edges,
+ * a partial last K step, beta, alpha, a bias, a wider ldc; 4096 rows is
+ * the limit (transposed), 4097 are not (A^T in private rows). */
+TEST(weight_gradient_transposed)
+{
+    int fails = 0;
+    shape s = {.ta = true, .M = 300, .N = 100, .K = 805, .alpha = 1.0f};
+    fails += run_case(s, VIA_CALL);
+    s.alpha = 0.5f, s.beta = 0.25f, s.bias = true, s.ldc = s.N + 3;
+    fails += run_case(s, VIA_CALL);
+    const int64_t k = dt_test_reduced() ? 800 : 1030;
+    shape lim = {.ta = true, .M = 4096, .N = 20, .K = k, .alpha = 1.0f, .beta = 1.0f};
+    fails += run_case(lim, VIA_CALL);
+    lim.M = 4097;
+    fails += run_case(lim, VIA_CALL);
+    ASSERT_EQ_INT(fails, 0);
+}
+
 /* A row-major B with few rows (at most 512), or with K in chunks: a macro
  * block spans all the rows and packs its own chunk of B's panels just
  * before the chunk's products. Column groups of several panels with an
  * edge, K in one chunk and in chunks, each with a partial last step,
  * alpha, beta, a bias, GELU, a wider ldc, a plain product (partial sums
- * through C), A^T, and 600 rows with K in chunks. */
+ * through C), A^T, 600 rows with K in chunks, and 1700 columns with K in
+ * chunks (more panels than a macro block takes). */
 TEST(b_chunks)
 {
     int fails = 0;
@@ -325,6 +346,9 @@ TEST(b_chunks)
     fails += run_case(t, VIA_CALL);
     shape r = {.M = 600, .N = 100, .K = 805, .alpha = 1.0f, .beta = 1.0f};
     fails += run_case(r, VIA_CALL);
+    /* K in chunks over more than 24 panels a thread: a macro block's panels halved (the chunk of B in L2) */
+    shape w = {.M = dt_test_reduced() ? 64 : 600, .N = 1700, .K = 805, .alpha = 1.0f, .beta = 1.0f};
+    fails += run_case(w, VIA_CALL);
     ASSERT_EQ_INT(fails, 0);
 }
 
@@ -451,8 +475,10 @@ TEST(bf16_result)
     /* Cb: the same sums as the f32 result, rounded once as dt_f32_to_bf16
      * rounds, so bit-identical to rounding the f32 C of the same call (on the
      * model and on the hardware alike); edges, K tails, both transposes, a
-     * bias, alpha, and a wider ldc whose extra columns stay untouched */
-    static const int64_t shp[][3] = {{1, 1, 1}, {17, 33, 65}, {33, 47, 31}, {64, 64, 64}, {70, 300, 100}};
+     * bias, alpha, and a wider ldc whose extra columns stay untouched; 300 x 100 x
+     * 805 with A^T B runs transposed (K in chunks, more rows than columns) */
+    static const int64_t shp[][3] = {{1, 1, 1}, {17, 33, 65}, {33, 47, 31}, {64, 64, 64}, {70, 300, 100},
+                                     {300, 100, 805}};
     int fails = 0;
     for (size_t i = 0; i < sizeof shp / sizeof shp[0]; i++)
         for (int t = 0; t < 8; t++) {
@@ -823,6 +849,7 @@ static int run_checks(bool dispatch)
     RUN(k_chunks);
     RUN(a_private_rows);
     RUN(few_rows_transposed);
+    RUN(weight_gradient_transposed);
     RUN(b_chunks);
     RUN(k_zero_and_empty);
     RUN(packed_b_reused);
