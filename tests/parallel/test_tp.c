@@ -629,19 +629,6 @@ TEST(tp_mlp_steps) { ASSERT_EQ_INT(th_run(2, 60, mlp_body, NULL, NULL), 0); }
 
 /* ---- errors ------------------------------------------------------------------------------------ */
 
-/* the first module under m that has LoRA adapters, or NULL */
-static dt_module *lora_layer(dt_module *m)
-{
-    if (dt_module_find_child(m, "lora_A"))
-        return m;
-    for (int i = 0; i < dt_module_num_children(m); i++) {
-        dt_module *f = lora_layer(dt_module_child(m, i));
-        if (f)
-            return f;
-    }
-    return NULL;
-}
-
 static int err_body(int rank, int size, void *arg)
 {
     (void)arg;
@@ -690,8 +677,8 @@ static int err_body(int rank, int size, void *arg)
     gpt_config(&c);
     c.build.lora = &lp;
     TH_OK(dt_model_create("gpt-micro", 1, &c, &m, NULL));
-    dt_module *lin = lora_layer(dt_model_root(m));
-    TH_CHECK(lin != NULL, "one process's gpt-micro has a layer with adapters");
+    dt_module *lin = dt_model_find_module(m, "transformer.h.0.attn.c_attn");
+    TH_CHECK(lin && dt_module_find_child(lin, "lora_A"), "one process's gpt-micro c_attn has adapters");
     TH_CHECK(!dt_tp_sp_lora(ctx, lin, x, x, pg) && dt_last_status() == DT_ERR_INVALID_ARG &&
                  strstr(dt_last_error(), "not a tensor-parallel layer"),
              "sp lora without a hook: %s", dt_last_error());
