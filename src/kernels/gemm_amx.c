@@ -948,6 +948,20 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
     return DT_OK;
 }
 
+/* g's product computed as its transpose, C^T = op(B)^T op(A)^T: the stored
+ * B is the A operand and the stored A the B operand (a stored N x K B is an
+ * A of N rows read as it is, a stored K x N B one read transposed; likewise
+ * for A as B), and the epilogue writes the result back transposed. */
+static dt_status gemm_transposed(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
+{
+    dt__amx_gemm_args t = *g;
+    t.ta = !g->tb, t.tb = !g->ta;
+    t.M = g->N, t.N = g->M;
+    t.A = g->B, t.lda = g->ldb;
+    t.B = g->A, t.ldb = g->lda;
+    return gemm_run(tiles, &t, true);
+}
+
 dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
 {
     const char *fn = "dt__amx_gemm";
@@ -969,14 +983,8 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
      * gradients and the LM head's logits so): 385 -> 373 ms, the forward
      * 99 -> 92, interleaved, 4 rounds. */
     if (g->tb && !g->ta && !g->pb && g->act == DT__AMX_ACT_NONE && g->K > 0 && g->M <= SWAP_ROWS &&
-        g->N >= 2 * g->M) {
-        dt__amx_gemm_args t = *g;
-        t.tb = true;
-        t.M = g->N, t.N = g->M;
-        t.A = g->B, t.lda = g->ldb;
-        t.B = g->A, t.ldb = g->lda;
-        return gemm_run(tiles, &t, true);
-    }
+        g->N >= 2 * g->M)
+        return gemm_transposed(tiles, g);
     /* A^T B with K in chunks and more rows than columns (a weight
      * gradient X^T dY whose layer has more inputs than outputs: GPT-2's
      * c_proj of the MLP, 3072 x 768 x 2048 at B=8 T=256) runs transposed
@@ -990,13 +998,8 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
      * ms. With K in one chunk (K = 256) the other way round was slower
      * (768 x 3072 x 256 transposed 0.79-0.93 -> 0.97-1.03), so not there. */
     if (g->ta && !g->tb && !g->pb && g->act == DT__AMX_ACT_NONE && cdiv(g->K, KSTEP) > KC_ONE && g->M > g->N &&
-        g->M <= 4096) {
-        dt__amx_gemm_args t = *g;
-        t.M = g->N, t.N = g->M;
-        t.A = g->B, t.lda = g->ldb;
-        t.B = g->A, t.ldb = g->lda;
-        return gemm_run(tiles, &t, true);
-    }
+        g->M <= 4096)
+        return gemm_transposed(tiles, g);
     return gemm_run(tiles, g, false);
 }
 
