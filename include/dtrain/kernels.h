@@ -59,7 +59,7 @@ extern "C" {
 typedef enum {
     DT_K_ISA_AUTO = 0,   /* best path the CPU supports (the default) */
     DT_K_ISA_SCALAR,     /* portable C, the bit-exact reference */
-    DT_K_ISA_AVX2,       /* AVX2 + F16C */
+    DT_K_ISA_AVX2,       /* AVX2 + FMA + F16C */
     DT_K_ISA_AVX512,     /* AVX-512F/BW/VL (16-lane rows), integer rounding for f32->bf16 */
     DT_K_ISA_AVX512_BF16 /* as AVX512, f32->bf16 by AVX512_BF16 vcvtneps2bf16 */
 } dt_k_isa;

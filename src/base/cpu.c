@@ -53,28 +53,17 @@ dt_cpu_features dt_cpu_detect_hw(void)
     return f;
 }
 
-/* -1 = not probed yet (cpu_cached.h): dt_cpu_detect()'s avx2, and avx2 && fma */
-static _Atomic int g_avx2 = -1, g_avx2_fma = -1;
-
-static int probe_once(_Atomic int *g, bool fma)
-{
-    int v = atomic_load_explicit(g, memory_order_relaxed);
-    if (v < 0) {
-        dt_cpu_features f = dt_cpu_detect();
-        v = f.avx2 && (!fma || f.fma);
-        atomic_store_explicit(g, v, memory_order_relaxed);
-    }
-    return v;
-}
+/* -1 = not probed yet (cpu_cached.h): dt_cpu_detect()'s avx2 */
+static _Atomic int g_avx2 = -1;
 
 int dt__cpu_avx2(void)
 {
-    return probe_once(&g_avx2, false);
-}
-
-int dt__cpu_avx2_fma(void)
-{
-    return probe_once(&g_avx2_fma, true);
+    int v = atomic_load_explicit(&g_avx2, memory_order_relaxed);
+    if (v < 0) {
+        v = dt_cpu_detect().avx2;
+        atomic_store_explicit(&g_avx2, v, memory_order_relaxed);
+    }
+    return v;
 }
 
 /* -1 = not read yet; else a dt_cpu_isa_cap value */

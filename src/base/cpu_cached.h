@@ -12,8 +12,6 @@
 
 /* dt_cpu_detect().avx2, probed on the first call (any thread) and kept. */
 int dt__cpu_avx2(void);
-/* dt_cpu_detect().avx2 && .fma, the same way. */
-int dt__cpu_avx2_fma(void);
 
 /* sched_yield, to let a peer sharing this core run, and 1; or 0 (no yield:
  * the caller should sleep instead) while *off_until, a time of dt_time_s,

@@ -91,6 +91,11 @@ dt_status dt_k_relu_bwd_lp(dt_dtype t, const void *y, const float *dy, float *dx
 
 #define SQRT1_2 0.70710678118654752440f
 #define SQRT2_PI 0.79788456080286535588f  /* sqrt(2/pi) */
+/* The tanh form's coefficients as the rows use them, one value on every
+ * path: 2u = v (GELU_K + GELU_KC v^2), 2u' = GELU_K + GELU_KD v^2. */
+#define GELU_K (2.0f * SQRT2_PI)
+#define GELU_KC (GELU_K * 0.044715f)
+#define GELU_KD (GELU_K * (3.0f * 0.044715f))
 #define INV_SQRT_2PI 0.39894228040143267794f
 
 /* The tanh form runs the fused bias + GELU rows below (no bias): one inline
@@ -199,10 +204,12 @@ static inline float gelu_erf_d(float v)
 /* GELU (tanh form) through E = e^(2u), u = sqrt(2/pi) (v + 0.044715 v^3):
  * (1 + tanh u) / 2 = E / (E + 1) and (1 - tanh u) / 2 = 1 / (E + 1), so
  * neither side cancels (1 + tanh u is tiny for negative v), with one
- * inline exp (dt__expf; 2u clamped to 88 so E stays finite). */
+ * inline exp (dt__expf; 2u clamped to 88 so E stays finite). 2u is
+ * v (GELU_K + GELU_KC v^2) with one fused multiply-add (fmaf, as the
+ * vector rows' _mm*_fmadd_ps: the same bits). */
 static inline void gelu_tanh_parts(float v, float *opp, float *q)
 {
-    float u2 = 2.0f * SQRT2_PI * (v + 0.044715f * v * v * v);
+    float u2 = v * __builtin_fmaf(v * v, GELU_KC, GELU_K);
     float E = dt__expf(u2 < 88.0f ? u2 : 88.0f), r = 1.0f / (E + 1.0f);
     *opp = E * r;
     *q = r;
@@ -221,7 +228,8 @@ DT_CLONES static void bias_gelu_tanh_row(const float *restrict x, const float *r
     }
 }
 
-/* d/dv [v (1 + tanh u) / 2] = (1 + t) / 2 + v (1 - t^2) u' / 2 = opp + 2 v opp q u' */
+/* d/dv [v (1 + tanh u) / 2] = (1 + t) / 2 + v (1 - t^2) u' / 2 = opp + v opp q (2u'),
+ * 2u' = GELU_K + GELU_KD v^2; both sums one fused multiply-add */
 DT_CLONES static void bias_gelu_tanh_bwd_row(const float *restrict x, const float *restrict b,
                                              const float *dy, float *dx, float *restrict sb, int64_t n)
 {
@@ -229,8 +237,7 @@ DT_CLONES static void bias_gelu_tanh_bwd_row(const float *restrict x, const floa
     for (int64_t j = 0; j < n; j++) {
         float v = x[j] + (b ? b[j] : 0.0f), opp, q;
         gelu_tanh_parts(v, &opp, &q);
-        float du = SQRT2_PI * (1.0f + 3.0f * 0.044715f * v * v);
-        float g = dy[j] * (opp + 2.0f * v * opp * q * du);
+        float g = dy[j] * __builtin_fmaf(v * opp * q, __builtin_fmaf(v * v, GELU_KD, GELU_K), opp);
         if (dx)
             dx[j] = g;
         if (sb)
@@ -245,8 +252,7 @@ DT_CLONES static void bias_gelu_tanh_bwd_row(const float *restrict x, const floa
 DT__AVX2 static inline void gelu_tanh_parts8(__m256 v, __m256 *opp, __m256 *q)
 {
     const __m256 one = _mm256_set1_ps(1.0f);
-    __m256 cube = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), v), v);
-    __m256 u2 = _mm256_mul_ps(_mm256_set1_ps(2.0f * SQRT2_PI), _mm256_add_ps(v, cube));
+    __m256 u2 = _mm256_mul_ps(v, _mm256_fmadd_ps(_mm256_mul_ps(v, v), _mm256_set1_ps(GELU_KC), _mm256_set1_ps(GELU_K)));
     __m256 E = dt__expf8(_mm256_min_ps(u2, _mm256_set1_ps(88.0f))); /* NaN u2: 88, as the scalar select */
     __m256 r = _mm256_div_ps(one, _mm256_add_ps(E, one));
     *opp = _mm256_mul_ps(E, r);
@@ -269,15 +275,14 @@ DT__AVX2 static void bias_gelu_tanh_row_avx2(const float *restrict x, const floa
 DT__AVX2 static void bias_gelu_tanh_bwd_row_avx2(const float *restrict x, const float *restrict b, const float *dy,
                                                  float *dx, float *restrict sb, int64_t n)
 {
-    const __m256 k3 = _mm256_set1_ps(3.0f * 0.044715f), one = _mm256_set1_ps(1.0f);
+    const __m256 kd = _mm256_set1_ps(GELU_KD), k = _mm256_set1_ps(GELU_K);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + j), b ? _mm256_loadu_ps(b + j) : _mm256_setzero_ps()), opp, q;
         gelu_tanh_parts8(v, &opp, &q);
-        __m256 du = _mm256_mul_ps(_mm256_set1_ps(SQRT2_PI),
-                                  _mm256_add_ps(one, _mm256_mul_ps(_mm256_mul_ps(k3, v), v)));
-        __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), v), opp), q), du);
-        __m256 g = _mm256_mul_ps(_mm256_loadu_ps(dy + j), _mm256_add_ps(opp, t));
+        __m256 du2 = _mm256_fmadd_ps(_mm256_mul_ps(v, v), kd, k);
+        __m256 g = _mm256_mul_ps(_mm256_loadu_ps(dy + j),
+                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(v, opp), q), du2, opp));
         if (dx)
             _mm256_storeu_ps(dx + j, g);
         if (sb)
@@ -292,8 +297,7 @@ DT__AVX2 static void bias_gelu_tanh_bwd_row_avx2(const float *restrict x, const 
 DT__AVX512 static inline void gelu_tanh_parts16(__m512 v, __m512 *opp, __m512 *q)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
-    __m512 cube = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), v), v), v);
-    __m512 u2 = _mm512_mul_ps(_mm512_set1_ps(2.0f * SQRT2_PI), _mm512_add_ps(v, cube));
+    __m512 u2 = _mm512_mul_ps(v, _mm512_fmadd_ps(_mm512_mul_ps(v, v), _mm512_set1_ps(GELU_KC), _mm512_set1_ps(GELU_K)));
     __m512 E = dt__expf16(_mm512_min_ps(u2, _mm512_set1_ps(88.0f))); /* NaN u2: 88, as the scalar select */
     __m512 r = _mm512_div_ps(one, _mm512_add_ps(E, one));
     *opp = _mm512_mul_ps(E, r);
@@ -316,12 +320,10 @@ DT__AVX512 static void bias_gelu_tanh_row_avx512(const float *restrict x, const 
 /* dy times GELU's slope at v, the operations of the avx2 row in its order */
 DT__AVX512 static inline __m512 gelu_tanh_bwd16(__m512 v, __m512 dy)
 {
-    const __m512 k3 = _mm512_set1_ps(3.0f * 0.044715f), one = _mm512_set1_ps(1.0f);
     __m512 opp, q;
     gelu_tanh_parts16(v, &opp, &q);
-    __m512 du = _mm512_mul_ps(_mm512_set1_ps(SQRT2_PI), _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(k3, v), v)));
-    __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), v), opp), q), du);
-    return _mm512_mul_ps(dy, _mm512_add_ps(opp, t));
+    __m512 du2 = _mm512_fmadd_ps(_mm512_mul_ps(v, v), _mm512_set1_ps(GELU_KD), _mm512_set1_ps(GELU_K));
+    return _mm512_mul_ps(dy, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, opp), q), du2, opp));
 }
 
 DT__AVX512 static void bias_gelu_tanh_bwd_row_avx512(const float *restrict x, const float *restrict b,

@@ -54,7 +54,7 @@
 #define DT__VDP 1
 #include <immintrin.h>
 
-#define VDP_TARGET __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define VDP_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
 
 static _Thread_local dt__amx_cfg g_cfg;
 

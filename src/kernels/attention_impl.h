@@ -232,7 +232,7 @@ DT__AVX512 static inline void rows_acc_fma16(float *restrict out, const float *r
 #define DT__ATT_BF16 4
 
 #if DT__X86_VEC
-#define DT__AVX512BF16 __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define DT__AVX512BF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* s[jj] = sum_d q[d] k_jj[d] for jj < nk (<= DT__ATT_BK) from bf16 operands
  * in pairs: qp[d2] holds q[2 d2] (low half) and q[2 d2 + 1], and kp[d2 ldk
@@ -571,7 +571,7 @@ static inline void dkdv_keys(int vec, float *dk, int64_t lddk, float *dv, int64_
 }
 
 /* The exponentials of the f32 softmax rows (the f32 paths, and bf16/f16
- * widened where no 16-lane path runs) by dt__expf (no libm call; within 2
+ * widened where no 16-lane path runs) by dt__expf (inline; within 2
  * ulp of exp), 8 lanes at a time where vec allows (dt__expf8: lane for lane
  * the same bits), so every path gives the same bits. */
 #if DT__X86_VEC

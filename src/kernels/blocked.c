@@ -15,7 +15,6 @@
  * in double in n order, so the result is deterministic and the same for
  * B = 8 and B = 16. */
 #include "kernels_impl.h"
-#include "base/cpu_cached.h"
 
 #include <math.h>
 #include <string.h>
@@ -1123,7 +1122,7 @@ DT__AVX512 static void c1_row16x5_avx512(const float *restrict dyrow, const floa
  * once, as c1_row16x5_avx512's fused ones, so nChw8c and nChw16c give the
  * same bits. Twice c1_row5x8's rate: its multiply and add are two
  * instructions on the FP pipes. Q >= 4. */
-DT__AVX2_FMA static void c1_row5x8_fma(const float *restrict dyrow, const float *restrict xrow, int64_t Q,
+DT__AVX2 static void c1_row5x8_fma(const float *restrict dyrow, const float *restrict xrow, int64_t Q,
                                        float *restrict acc, int L, int B)
 {
     __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + L), a2 = _mm256_loadu_ps(acc + 2 * L),
@@ -1194,7 +1193,7 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
     zmm = zmm && L == B; /* one kernel row in half blocks: 8-lane rows */
     /* fused multiply-adds for the 5-tap rows of Q >= 4 on every vector path
      * (c1_row5x8_fma, c1_row16x5_avx512), the same bits for both blocks */
-    const bool fused = S == 5 && Q >= 4 && dt__vec_avx2() && dt__cpu_avx2_fma();
+    const bool fused = S == 5 && Q >= 4 && dt__vec_avx2();
 #else
     const bool zmm = false;
 #endif
@@ -1301,7 +1300,7 @@ DT_CLONES static void cw_sample(const float *restrict dyn, const float *restrict
  * both are), so adding a zero product never changes it: the same bits as
  * with them, unless dy holds an inf or NaN (which a zero then no longer
  * meets). */
-DT__AVX2_FMA static inline __attribute__((always_inline)) void
+DT__AVX2 static inline __attribute__((always_inline)) void
 cw_rows5x2_fma(const float *restrict dyrow, const float *restrict x0, const float *restrict x1, int64_t rows,
                int64_t Q, int64_t Wp, float *restrict acc, const bool pad2)
 {
@@ -1355,7 +1354,7 @@ cw_rows5x2_fma(const float *restrict dyrow, const float *restrict x0, const floa
 
 /* cw_sample on fused multiply-adds: each kernel row r meets the input rows
  * h = p + r - pad_h inside the image, in p order, in one register pass. */
-DT__AVX2_FMA static void cw_sample_fma(const float *restrict dyn, const float *restrict xg, int64_t H, int64_t Wp,
+DT__AVX2 static void cw_sample_fma(const float *restrict dyn, const float *restrict xg, int64_t H, int64_t Wp,
                                        int64_t P, int64_t Q, int64_t R, int64_t pad_h, float *restrict acc, bool pad2)
 {
     for (int64_t r = 0; r < R; r++) {
@@ -1384,7 +1383,7 @@ static void cw_gather8(const float *restrict xb, int64_t H, int64_t W, int64_t W
 #if DT__X86_VEC
 /* cw_gather8 with 8 x 8 transposes: 8 positions of a row at a time, the
  * last 8 overlapping the previous ones where W is not a multiple of 8. */
-DT__AVX2_FMA static void cw_gather8_avx2(const float *restrict xb, int64_t H, int64_t W, int64_t Wp, int64_t pad,
+DT__AVX2 static void cw_gather8_avx2(const float *restrict xb, int64_t H, int64_t W, int64_t Wp, int64_t pad,
                                          float *restrict xg)
 {
     if (W < 8) {
@@ -1444,7 +1443,7 @@ void dt__conv_bwd_weights_blk8(const dt_k_conv2d_shape *s, int nt, int64_t P, in
     const int64_t Wp = W + 2 * s->pad_w, units = C / 2 * KB, per = R * 80;
     float *acc = scratch, *bias = acc + units * per, *gather = bias + K;
     memset(acc, 0, (size_t)(units * per + K) * sizeof(float));
-    const bool fma = dt__vec_avx2() && dt__cpu_avx2_fma();
+    const bool fma = dt__vec_avx2();
 #pragma omp parallel for schedule(static, 1) num_threads(nt)
     for (int64_t me = 0; me < nt; me++) {
         const int64_t u0 = units * me / nt, u1 = units * (me + 1) / nt;

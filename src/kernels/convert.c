@@ -33,9 +33,9 @@ static atomic_int g_isa; /* 0 = not resolved yet */
 static dt_k_isa best_isa(void)
 {
     dt_cpu_features f = dt_cpu_detect();
-    if (f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2)
+    if (f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2 && f.fma)
         return f.avx512_bf16 ? DT_K_ISA_AVX512_BF16 : DT_K_ISA_AVX512;
-    if (f.avx2 && f.f16c)
+    if (f.avx2 && f.f16c && f.fma)
         return DT_K_ISA_AVX2;
     return DT_K_ISA_SCALAR;
 }
@@ -46,9 +46,10 @@ static bool isa_ok(dt_k_isa isa)
     dt_cpu_features f = dt_cpu_detect();
     switch (isa) {
     case DT_K_ISA_SCALAR: return true;
-    case DT_K_ISA_AVX2: return f.avx2 && f.f16c;
-    case DT_K_ISA_AVX512: return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2;
-    case DT_K_ISA_AVX512_BF16: return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2 && f.avx512_bf16;
+    case DT_K_ISA_AVX2: return f.avx2 && f.f16c && f.fma;
+    case DT_K_ISA_AVX512: return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2 && f.fma;
+    case DT_K_ISA_AVX512_BF16:
+        return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2 && f.fma && f.avx512_bf16;
     default: return false;
     }
 #else

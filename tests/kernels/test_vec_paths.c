@@ -1,4 +1,5 @@
-/* The kernels' vector row loops (dt__expf8 / dt__expf16: the fused bias +
+/* The inline exponential on every form (its bound, its lanes), and the
+ * kernels' vector row loops (dt__expf8 / dt__expf16: the fused bias +
  * GELU and the chunked softmax cross-entropy, its backward from saved
  * log-sum-exps too; rows_acc: attention forward
  * and backward; RMSNorm) give the same bits as their scalar loops on every ISA path
@@ -10,10 +11,12 @@
  * AVX2 (as dt_cpu_detect() reports it: DT_MAX_CPU_ISA=scalar too), where
  * only the scalar loops exist. */
 #include "dtrain/kernels.h"
+#include "kernels/kernels_impl.h"
 #include "test.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The vector paths, each run when the CPU has it (dt_k_set_isa succeeds). */
 static const dt_k_isa k_paths[] = {DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
@@ -51,6 +54,99 @@ static int64_t first_diff(const float *a, const float *b, int64_t n)
             TEST_FAIL_("%s: element %lld differs: %.9g (%s) vs %.9g (scalar)", what, (long long)i_,   \
                        (double)(a)[i_], dt_k_isa_name(dt_k_get_isa()), (double)(b)[i_]);              \
     } while (0)
+
+/* The rows' inline exponential itself: dt__expf within 2 ulp of exp (in
+ * double) on every 127th float of [-87, 88.37] (about 18 million values),
+ * its 8- and 16-lane forms bit-identical to it there where the CPU has
+ * them, and the ends: 0 below -87, +inf above 88.7 and from where 2^n
+ * overflows (x >= 88.3763), NaN for NaN, on every form. */
+#if DT__X86_VEC
+DT__AVX2 static void exp_rows8(const float *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(y + i, dt__expf8(_mm256_loadu_ps(x + i)));
+}
+
+DT__AVX512 static void exp_rows16(const float *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(y + i, dt__expf16(_mm512_loadu_ps(x + i)));
+}
+#endif
+
+/* |got - want| in units of the last place of want rounded to float */
+static double ulps(float got, double want)
+{
+    int e;
+    frexp(want, &e);
+    return fabs((double)got - want) / ldexp(1.0, e - 24);
+}
+
+/* the batch x[0..n) (n a multiple of 16) on every form: the scalar's
+ * worst error in ulps into *worst; fails on a lane that differs */
+static void exp_batch(const float *x, int64_t n, bool v8, bool v16, double *worst)
+{
+    float y[3][4096];
+    for (int64_t j = 0; j < n; j++) {
+        y[0][j] = dt__expf(x[j]);
+        double u = ulps(y[0][j], exp((double)x[j]));
+        *worst = u > *worst ? u : *worst;
+    }
+#if DT__X86_VEC
+    if (v8)
+        exp_rows8(x, y[1], n);
+    if (v16)
+        exp_rows16(x, y[2], n);
+#endif
+    for (int k = 1; k < 3; k++)
+        if ((k == 1 && v8) || (k == 2 && v16))
+            for (int64_t j = 0; j < n; j++)
+                if (memcmp(&y[k][j], &y[0][j], 4) != 0) {
+                    TEST_FAIL_("exp(%.9g): %d lanes give %.9g, the scalar %.9g", (double)x[j], k == 1 ? 8 : 16,
+                               (double)y[k][j], (double)y[0][j]);
+                }
+}
+
+TEST(expf_bound_and_lanes)
+{
+    const dt_cpu_features f = dt_cpu_detect();
+    const bool v8 = f.avx2 && f.fma, v16 = v8 && f.avx512f && f.avx512bw && f.avx512vl;
+    float x[4096];
+    int64_t n = 0, seen = 0;
+    double worst = 0.0;
+    for (uint64_t i = 0; i < (UINT64_C(1) << 32); i += 127) {
+        uint32_t b = (uint32_t)i;
+        float v;
+        memcpy(&v, &b, 4);
+        if (!(v >= -87.0f && v <= 88.37f))
+            continue;
+        x[n++] = v, seen++;
+        if (n == 4096) {
+            exp_batch(x, n, v8, v16, &worst);
+            n = 0;
+            if (dt_test_failed_) /* the first batch that differs is reported */
+                return;
+        }
+    }
+    while (n % 16) /* a whole number of 16-lane steps */
+        x[n++] = 0.0f;
+    exp_batch(x, n, v8, v16, &worst);
+    printf("# dt__expf: %lld values, worst %.3f ulp (8 lanes %s, 16 lanes %s)\n", (long long)seen, worst,
+           v8 ? "compared" : "not on this CPU", v16 ? "compared" : "not on this CPU");
+    ASSERT(seen > 10000000);
+    ASSERT(worst <= 2.0);
+    const float ends[16] = {-INFINITY, -1e30f, -88.0f, -87.5f, 88.38f, 88.5f, 88.7f, 89.0f,
+                            1e30f,     INFINITY, NAN,   -NAN,   0.0f,   -0.0f, 1.0f,  -1.0f};
+    const float want[16] = {0.0f,     0.0f,     0.0f, 0.0f, INFINITY, INFINITY, INFINITY, INFINITY,
+                            INFINITY, INFINITY, NAN,  NAN,  1.0f,     1.0f,     2.71828183f, 0.36787944f};
+    double w_ends = 0.0;
+    exp_batch(ends, 16, v8, v16, &w_ends); /* the forms agree on the ends too (the error is not looked at) */
+    for (int j = 0; j < 16; j++) {
+        float y = dt__expf(ends[j]);
+        if (isnan(want[j]) ? !isnan(y) : !(y == want[j] || fabsf(y - want[j]) <= 2e-7f * fabsf(want[j])))
+            TEST_FAIL_("exp(%.9g) = %.9g, want %.9g", (double)ends[j], (double)y, (double)want[j]);
+    }
+}
 
 TEST(bias_gelu_tanh_paths_identical)
 {
@@ -781,6 +877,7 @@ int main(void)
 {
     if (dt_k_get_isa() == DT_K_ISA_SCALAR)
         DT_TEST_SKIP_ALL("no AVX2 on this CPU (dt_k_get_isa() is scalar): only the scalar loops exist");
+    RUN(expf_bound_and_lanes);
     RUN(bias_gelu_tanh_paths_identical);
     RUN(bias_gelu_lp_equals_widened);
     RUN(add_lp_paths_identical);
