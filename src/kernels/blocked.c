@@ -1123,7 +1123,7 @@ DT__AVX512 static void c1_row16x5_avx512(const float *restrict dyrow, const floa
  * same bits. Twice c1_row5x8's rate: its multiply and add are two
  * instructions on the FP pipes. Q >= 4. */
 DT__AVX2 static void c1_row5x8_fma(const float *restrict dyrow, const float *restrict xrow, int64_t Q,
-                                       float *restrict acc, int L, int B)
+                                   float *restrict acc, int L, int B)
 {
     __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + L), a2 = _mm256_loadu_ps(acc + 2 * L),
            a3 = _mm256_loadu_ps(acc + 3 * L), a4 = _mm256_loadu_ps(acc + 4 * L), w0, w1, w2, w3, w4, x;
@@ -1355,7 +1355,7 @@ cw_rows5x2_fma(const float *restrict dyrow, const float *restrict x0, const floa
 /* cw_sample on fused multiply-adds: each kernel row r meets the input rows
  * h = p + r - pad_h inside the image, in p order, in one register pass. */
 DT__AVX2 static void cw_sample_fma(const float *restrict dyn, const float *restrict xg, int64_t H, int64_t Wp,
-                                       int64_t P, int64_t Q, int64_t R, int64_t pad_h, float *restrict acc, bool pad2)
+                                   int64_t P, int64_t Q, int64_t R, int64_t pad_h, float *restrict acc, bool pad2)
 {
     for (int64_t r = 0; r < R; r++) {
         const int64_t p0 = pad_h - r > 0 ? pad_h - r : 0, p1 = H + pad_h - r < P ? H + pad_h - r : P;
@@ -1384,7 +1384,7 @@ static void cw_gather8(const float *restrict xb, int64_t H, int64_t W, int64_t W
 /* cw_gather8 with 8 x 8 transposes: 8 positions of a row at a time, the
  * last 8 overlapping the previous ones where W is not a multiple of 8. */
 DT__AVX2 static void cw_gather8_avx2(const float *restrict xb, int64_t H, int64_t W, int64_t Wp, int64_t pad,
-                                         float *restrict xg)
+                                     float *restrict xg)
 {
     if (W < 8) {
         cw_gather8(xb, H, W, Wp, pad, xg);

@@ -35,17 +35,18 @@
 
 /* exp(x) in float, inline: Cody-Waite reduction x = n ln2 + r, |r| <=
  * ln2 / 2, Cephes' degree-6 polynomial for e^r, 2^n from exponent bits;
- * the reduction's second step and every step of the polynomial one fused
- * multiply-add (fmaf: one instruction where the code is compiled with FMA,
- * as the vector forms and the x86-64-v3 clones are, else libm's exact
- * fmaf, so the same bits everywhere). Within 2 ulp of exp over [-87,
- * 88.37] (tests/kernels/test_vec_paths); below -87 it returns 0 (the true
- * value is under 1.7e-38), +inf from 88.38 (2^n overflows) and above 88.7,
- * NaN for NaN. The fused form runs the GELU rows on 2048 x 3072 bf16 about
- * a third faster forward and a fifth backward than separate multiplies and
- * adds did (Xeon with AMX, 2 threads). GCC 12 at -O2 does not vectorise
- * loops over it (floorf and the selects keep control flow); dt__expf8
- * below is its 8-lane form, which the GELU and the cross-entropy rows use. */
+ * n's argument, the reduction's steps and every step of the polynomial one
+ * fused multiply-add each (fmaf: one instruction where the code is
+ * compiled with FMA, as the vector forms and the x86-64-v3 clones are,
+ * else libm's exact fmaf, so the same bits everywhere). Within 2 ulp of
+ * exp over [-87, 88.37] (tests/kernels/test_vec_paths); below -87 it
+ * returns 0 (the true value is under 1.7e-38), +inf from 88.38 (2^n
+ * overflows) and above 88.7, NaN for NaN. The fused form runs the GELU
+ * rows on 2048 x 3072 bf16 about a third faster forward and a fifth
+ * backward than separate multiplies and adds did (Xeon with AMX, 2
+ * threads). GCC 12 at -O2 does not vectorise loops over it (floorf and the
+ * selects keep control flow); dt__expf8 below is its 8-lane form, which
+ * the GELU and the cross-entropy rows use. */
 static inline float dt__expf(float x)
 {
     /* NaN fails both tests and takes -87 (a finite input for the exponent
