@@ -196,6 +196,57 @@ TEST(bias_gelu_tanh_paths_identical)
         free(y[k]), free(dx[k]), free(db[k]);
 }
 
+/* The f32 bias + GELU backward over column blocks of every width it picks
+ * (512 columns where each thread gets one, else 256; a tail block of 76):
+ * on every path, dbias is each column's sum of the dx returned over the
+ * rows in row order, the tanh form's dx is the element-wise gradient of
+ * x + b (dt_k_gelu_bwd on the same path), and 2 and 3 threads give the
+ * bits of 1. */
+TEST(bias_gelu_bwd_blocks)
+{
+    const int64_t R = 40, N = 1100, M = R * N;
+    float *x = malloc(M * 4), *b = malloc(N * 4), *dy = malloc(M * 4), *h = malloc(M * 4);
+    float *dx = malloc(M * 4), *dx1 = malloc(M * 4), *db = malloc(N * 4), *db1 = malloc(N * 4);
+    fill(x, M, 11, 5.0f);
+    fill(b, N, 12, 1.0f);
+    fill(dy, M, 13, 1.0f);
+    for (int64_t i = 0; i < M; i++)
+        h[i] = x[i] + b[i % N];
+    const int threads = dt_get_num_threads();
+    for (int k = 0; k <= NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        for (int a = 0; a < 2; a++) {
+            dt_k_gelu_approx ap = a ? DT_K_GELU_TANH : DT_K_GELU_ERF;
+            const char *what = a ? "tanh gelu backward, column blocks" : "erf gelu backward, column blocks";
+            dt_set_num_threads(1);
+            memset(db1, 0xff, (size_t)N * 4);
+            ASSERT_OK(dt_k_bias_gelu_bwd(x, b, dy, R, N, dx1, db1, ap));
+            for (int64_t j = 0; j < N; j++) {
+                float s = 0.0f;
+                for (int64_t r = 0; r < R; r++)
+                    s += dx1[r * N + j];
+                db[j] = s;
+            }
+            SAME_BITS(db1, db, N, what);
+            if (a) {
+                ASSERT_OK(dt_k_gelu_bwd(h, dy, dx, M, ap));
+                SAME_BITS(dx1, dx, M, what);
+            }
+            for (int nt = 2; nt <= 3; nt++) {
+                dt_set_num_threads(nt);
+                memset(db, 0xff, (size_t)N * 4);
+                ASSERT_OK(dt_k_bias_gelu_bwd(x, b, dy, R, N, dx, db, ap));
+                SAME_BITS(dx, dx1, M, what);
+                SAME_BITS(db, db1, N, what);
+            }
+        }
+    }
+    dt_set_num_threads(threads);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(x), free(b), free(dy), free(h), free(dx), free(dx1), free(db), free(db1);
+}
+
 /* The bias + GELU kernels on bf16/f16 x (dt_k_bias_gelu_*_lp): on every
  * path, scalar included, the same bits as widening x with dt_k_convert and
  * running the f32 kernels of that path (which equal the scalar loops,
@@ -878,6 +929,7 @@ int main(void)
         DT_TEST_SKIP_ALL("no AVX2 on this CPU (dt_k_get_isa() is scalar): only the scalar loops exist");
     RUN(expf_bound_and_lanes);
     RUN(bias_gelu_tanh_paths_identical);
+    RUN(bias_gelu_bwd_blocks);
     RUN(bias_gelu_lp_equals_widened);
     RUN(add_lp_paths_identical);
     RUN(xent_paths_identical);
