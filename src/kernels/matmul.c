@@ -51,7 +51,9 @@
  * (cache-set conflicts: every row of a column block maps to the same sets).
  * Such a 2-D f32 product copies B into rows PAD_EXTRA floats longer (kept with
  * the cached primitive, whose B descriptor has that stride) and multiplies
- * the copy: the same products in the same order, so the same result. */
+ * the copy: the same products in the same order, so the same result;
+ * except where oneDNN runs avx512_core_amx, whose f32 kernels read such a
+ * B faster in place (pad_b). */
 #include "kernels/gemm_amx.h"
 #include "kernels_impl.h"
 
@@ -135,10 +137,15 @@ static void mat_md(dnnl_memory_desc_t *md, int batch_dims, int64_t batch, int64_
 /* Whether an f32 2-D product copies B to padded rows (see the top): B not
  * transposed, its K rows of N floats a multiple of 1024 floats apart, and M
  * at most 384 (measured: M 128 and 256 at half speed, 512 not; a
- * transposed B with K = 3072 runs at the same speed padded or not). */
+ * transposed B with K = 3072 runs at the same speed padded or not). Not
+ * where oneDNN runs avx512_core_amx: its f32 kernels there read such a B
+ * faster in place (the Xeon with AMX, 2 threads, 12 cold operand sets:
+ * 256 x 3072 x 768 with a bias 4.26-4.31 ms padded, 3.88-4.02 not; its
+ * AVX2 kernels, capped, 6.8 against 7.3: the copy pays only there). */
 static bool pad_b(bool tb, int64_t M, int64_t N)
 {
-    return !tb && M <= 384 && N >= 1024 && N % 1024 == 0;
+    return !tb && M <= 384 && N >= 1024 && N % 1024 == 0 &&
+           dnnl_get_effective_cpu_isa() != dnnl_cpu_isa_avx512_core_amx;
 }
 
 /* B (pad_rows x pad_cols) into e->pad with rows pad_cols + PAD_EXTRA apart. */

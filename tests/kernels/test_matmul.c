@@ -149,7 +149,8 @@ TEST(primitive_cache)
 }
 
 /* B's rows a multiple of 4 KiB apart and few rows of A: the product runs
- * on a padded copy of B (src/kernels/matmul.c). Same values as the
+ * on a padded copy of B (src/kernels/matmul.c; not where oneDNN runs
+ * avx512_core_amx: isa_avx2/test_matmul runs it there). Same values as the
  * reference, with bias and beta, reused (the copy is refreshed on every
  * call: B changes between calls), and beside a transposed B and a tall A,
  * which are not padded. */
