@@ -134,6 +134,11 @@ static void mat_md(dnnl_memory_desc_t *md, int batch_dims, int64_t batch, int64_
  * more than a multiple of 4 KiB apart. */
 #define PAD_EXTRA 16
 
+/* Whether oneDNN runs its AMX code (isa avx512_core_amx) here: its f32
+ * kernels are then not gemm:jit's, which the padded copy and the column
+ * blocks below were measured against. */
+static bool onednn_amx(void) { return dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx; }
+
 /* Whether an f32 2-D product copies B to padded rows (see the top): B not
  * transposed, its K rows of N floats a multiple of 1024 floats apart, and M
  * at most 384 (measured: M 128 and 256 at half speed, 512 not; a
@@ -144,8 +149,7 @@ static void mat_md(dnnl_memory_desc_t *md, int batch_dims, int64_t batch, int64_
  * AVX2 kernels, capped, 6.8 against 7.3: the copy pays only there). */
 static bool pad_b(bool tb, int64_t M, int64_t N)
 {
-    return !tb && M <= 384 && N >= 1024 && N % 1024 == 0 &&
-           dnnl_get_effective_cpu_isa() != dnnl_cpu_isa_avx512_core_amx;
+    return !tb && M <= 384 && N >= 1024 && N % 1024 == 0 && !onednn_amx();
 }
 
 /* B (pad_rows x pad_cols) into e->pad with rows pad_cols + PAD_EXTRA apart. */
@@ -167,12 +171,14 @@ static void copy_padded(const mm_entry *e, const float *B)
  * embedding, each block's C columns at row stride N) at 84. Each output
  * element is still one dot product over the whole K. Only for C = A B^T
  * (alpha 1, beta 0, no bias): oneDNN's post-ops on the strided C blocks
- * ran far slower. */
+ * ran far slower. Not where oneDNN runs avx512_core_amx: one call is
+ * faster there (the Xeon with AMX, 2 threads: that head's logits 60-66 ms
+ * against 67-71 in blocks). */
 #define SPLIT_COLS 512
 
 static int64_t split_n(bool ta, bool tb, int64_t M, int64_t N)
 {
-    return !ta && tb && M <= 384 && N >= 16 * SPLIT_COLS ? SPLIT_COLS : 0;
+    return !ta && tb && M <= 384 && N >= 16 * SPLIT_COLS && !onednn_amx() ? SPLIT_COLS : 0;
 }
 
 static dnnl_data_type_t dnnl_type(dt_dtype t)
@@ -561,7 +567,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
             return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
         pthread_mutex_init(&e->lock, NULL);
         e->gemm_impl = batch == 1 && ct == DT_F32 && M * N * K >= SLAB_MIN_WORK &&
-                       dnnl_get_effective_cpu_isa() != dnnl_cpu_isa_avx512_core_amx; /* see the top */
+                       !onednn_amx(); /* see the top */
         if (t == DT_F32 && batch == 1 && pad_b(tb, M, N)) {
             e->pad_rows = K;
             e->pad_cols = N;
@@ -603,7 +609,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
          * the work over the threads on the tiles itself; a slab's one-thread
          * primitive over a transposed A or a column block of C would fall
          * back to gemm:jit, which does not use them (2-3x slower) */
-        const bool tiles = t != DT_F32 && !e->emulate && dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+        const bool tiles = t != DT_F32 && !e->emulate && onednn_amx();
         if (st >= 0 && batch == 1 && !tiles) {
             slab_plan(e, tb, M, N, K, alpha == 1.0f && beta == 0.0f && ct == DT_F32);
             if (e->nslab)
