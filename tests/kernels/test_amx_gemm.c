@@ -31,6 +31,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 #include <unistd.h>
 
 static const dt__amx_tiles *g_tiles; /* what the GEMM runs on: the model, or the hardware with "hw" */
@@ -522,6 +523,58 @@ TEST(bf16_result)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* A bf16 result's rounding at its edges: subnormal sums (the bias's; a
+ * rounding by AVX512_BF16's vcvtne2ps2bf16 would read them as zero), NaNs
+ * with payloads and signs (quieted, their top bits kept), infinities,
+ * finite values that round to inf, ties to even and -0, in 32-column
+ * groups with and without a subnormal and in the tail; with alpha 1 and
+ * 0.5, streamed and not: every value the bits of dt_f32_to_bf16 of the
+ * same call's f32 result. */
+static float f32_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+TEST(bf16_result_edges)
+{
+    const int64_t M = 40, N = 148, K = 64; /* four 32-column groups and a tail of 20 */
+    const uint32_t special[] = {0x7f800001u, 0xffa12345u, 0x7fc00000u, 0x7f800000u, 0xff800000u, 0x7f7fc000u,
+                                0x7f7f8000u, 0x3f808000u, 0x3f818000u, 0x80000000u, 0x00800000u, 0x3f800000u};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    uint16_t *A = bf16_rand(M * K), *B = calloc((size_t)(K * N), 2); /* B = 0: each sum is alpha 0 + bias */
+    uint16_t *Cb = aligned_alloc(64, ((size_t)(M * N) * 2 + 63) / 64 * 64);
+    float *C = malloc((size_t)(M * N) * 4), *bias = f32_rand(N);
+    for (int64_t j = 0; j < N; j++)
+        if (j % 32 < ns)
+            bias[j] = f32_of(special[j % 32]);
+    bias[40] = 1e-39f; /* subnormals in the second group and in the tail */
+    bias[45] = -3e-40f;
+    bias[140] = f32_of(0x00000001u);
+    int fails = 0;
+    for (int t = 0; t < 4; t++) {
+        dt__amx_gemm_args g = {.M = M, .N = N, .K = K, .A = A, .lda = K, .B = B, .ldb = N,
+                               .alpha = t & 1 ? 0.5f : 1.0f, .C = C, .ldc = N, .bias = bias};
+        int bad = dt__amx_gemm(g_tiles, &g) != DT_OK;
+        g.C = NULL;
+        g.Cb = Cb;
+        g.stream = (t & 2) != 0;
+        bad |= dt__amx_gemm(g_tiles, &g) != DT_OK;
+        for (int64_t i = 0; i < M * N && !bad; i++)
+            if (Cb[i] != dt_f32_to_bf16(C[i])) {
+                uint32_t u;
+                memcpy(&u, &C[i], 4);
+                fprintf(stderr, "  t=%d Cb[%lld][%lld] = %04x for %08x, want %04x\n", t, (long long)(i / N),
+                        (long long)(i % N), Cb[i], (unsigned)u, dt_f32_to_bf16(C[i]));
+                bad = 1;
+            }
+        fails += bad;
+    }
+    free(A), free(B), free(Cb), free(C), free(bias);
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(finite_check)
 {
     /* args.finite: the epilogue says whether every value it stored is
@@ -855,6 +908,7 @@ static int run_checks(bool dispatch)
     RUN(packed_b_reused);
     RUN(packed_b_cache_versions);
     RUN(bf16_result);
+    RUN(bf16_result_edges);
     RUN(finite_check);
     RUN(direct_a_strides);
     RUN(more_threads_than_cores);
