@@ -47,13 +47,16 @@ static int64_t first_diff(const float *a, const float *b, int64_t n)
     return -1;
 }
 
-#define SAME_BITS(a, b, n, what)                                                                      \
+/* a and b (n floats) bit for bit, else a failure naming the first element that differs, a's path
+ * and what b is (ref). */
+#define SAME_AS(a, b, n, what, ref)                                                                   \
     do {                                                                                              \
         int64_t i_ = first_diff(a, b, n);                                                             \
         if (i_ >= 0)                                                                                  \
-            TEST_FAIL_("%s: element %lld differs: %.9g (%s) vs %.9g (scalar)", what, (long long)i_,   \
-                       (double)(a)[i_], dt_k_isa_name(dt_k_get_isa()), (double)(b)[i_]);              \
+            TEST_FAIL_("%s: element %lld differs: %.9g (%s) vs %.9g (%s)", what, (long long)i_,       \
+                       (double)(a)[i_], dt_k_isa_name(dt_k_get_isa()), (double)(b)[i_], ref);         \
     } while (0)
+#define SAME_BITS(a, b, n, what) SAME_AS(a, b, n, what, "scalar")
 
 /* The rows' inline exponential itself: dt__expf within 2 ulp of exp (in
  * double) on every 127th float of [-87, 88.37] (about 18 million values),
@@ -228,17 +231,17 @@ TEST(bias_gelu_bwd_blocks)
                     s += dx1[r * N + j];
                 db[j] = s;
             }
-            SAME_BITS(db1, db, N, what);
+            SAME_AS(db1, db, N, what, "the in-order column sums");
             if (a) {
                 ASSERT_OK(dt_k_gelu_bwd(h, dy, dx, M, ap));
-                SAME_BITS(dx1, dx, M, what);
+                SAME_AS(dx1, dx, M, what, "dt_k_gelu_bwd");
             }
             for (int nt = 2; nt <= 3; nt++) {
                 dt_set_num_threads(nt);
                 memset(db, 0xff, (size_t)N * 4);
                 ASSERT_OK(dt_k_bias_gelu_bwd(x, b, dy, R, N, dx, db, ap));
-                SAME_BITS(dx, dx1, M, what);
-                SAME_BITS(db, db1, N, what);
+                SAME_AS(dx, dx1, M, what, "1 thread");
+                SAME_AS(db, db1, N, what, "1 thread");
             }
         }
     }
