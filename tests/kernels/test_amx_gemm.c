@@ -526,10 +526,10 @@ TEST(bf16_result)
 /* A bf16 result's rounding at its edges: subnormal sums (the bias's; a
  * rounding by AVX512_BF16's vcvtne2ps2bf16 would read them as zero), NaNs
  * with payloads and signs (quieted, their top bits kept), infinities,
- * finite values that round to inf, ties to even and -0, in 32-column
- * groups with and without a subnormal and in the tail; with alpha 1 and
- * 0.5, streamed and not: every value the bits of dt_f32_to_bf16 of the
- * same call's f32 result. */
+ * finite values that round to inf, ties to even, zero and the smallest
+ * normal, in 32-column groups with and without a subnormal and in the
+ * tail; with alpha 1 and 0.5, streamed and not: every value the bits of
+ * dt_f32_to_bf16 of the same call's f32 result. */
 static float f32_of(uint32_t u)
 {
     float f;
