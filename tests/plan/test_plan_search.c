@@ -333,8 +333,9 @@ TEST(lora_frozen_and_measured)
     ASSERT_NEAR(lr.block, 8 * (64 + 64) + 8 * (64 + 32), 0.5, 0);
     ASSERT_NEAR(lr.fixed, 0, 0.5, 0);
     ASSERT(lr.act_block > 0 && lr.act_fixed > 0);
-    /* fb_ratio is a ratio of CPU times: on a loaded machine (the suite's other tests beside it, spinning
-       threads) it ranged 0.02-5.3 here, so only its being a usable factor is asserted, not its size */
+    /* fb_ratio is a ratio of CPU times: with three copies of this test at once on 2 cores it ranged 0.02-5.3
+       (and failed the ASan suite once beside the other tests), so only its being a usable factor is asserted,
+       not its size */
     ASSERT(isfinite(lr.fb_ratio) && lr.fb_ratio > 0);
     ASSERT_OK(dt_plan_lora_measure("llama-tiny", "all-linear", 4, 32, DT_F32, &lr));
     ASSERT_NEAR(lr.block, 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 176) + (176 + 64)), 0.5, 0);
