@@ -6,8 +6,9 @@
  * For each path the CPU has (asked at run time: cpuid through
  * __builtin_cpu_supports, which also checks that the OS saves the
  * registers; nothing is assumed), a register-only loop of independent
- * instructions runs on 1, 2, ... N threads (default: the CPUs online), each
- * thread the same number of iterations (best of --reps runs of about --ms
+ * instructions (the AMX 2 x 2 paths: with their tile loads) runs on 1, 2,
+ * ... N threads (default: the CPUs online), each thread the same number of
+ * iterations (best of --reps runs of about --ms
  * ms). The rate is each thread's FLOPs per second of its own CPU time,
  * summed over the threads: the limit of N cores, which a busy machine's
  * other processes do not lower (they take cores away, not speed: the
@@ -18,25 +19,44 @@
  *   - dpbf16_ymm: AVX512_BF16 vdpbf16ps ymm, 24 accumulators (8 lanes x 2
  *     bf16 products, multiply and add: 32 FLOP)
  *   - dpbf16_zmm: AVX512_BF16 vdpbf16ps zmm, 24 accumulators (64 FLOP)
- * The accumulators are independent chains (more than latency x issue width
- * of any current core: 4-6 cycles x 2 pipes), the sources are zeros (no
- * denormals, no NaN), so the loop runs at the issue limit of the
+ *   - amx_tdpbf16ps: AMX tdpbf16ps, 6 accumulator tiles (tmm0-5, 16 x 16
+ *     f32) from two source tiles (tmm6, tmm7: 16 x 32 bf16), 12
+ *     instructions an iteration (16 x 16 x 32 multiply-adds each: 16384
+ *     FLOP): the matrix unit's issue limit.
+ *   - amx_2x2_l1: the step of a GEMM micro-kernel shaped as dtrain's AMX
+ *     GEMM's (src/kernels/amx_ukernel.h): a 2 x 2 block of accumulators
+ *     (tmm0-3), each K step loading two A tiles (tileloadd; contiguous
+ *     here, read in place there) and two B tiles (tileloaddt1) and issuing
+ *     4 tdpbf16ps, the sources cycling through 4 steps (16 KiB: they stay
+ *     in L1): the limit of a micro-kernel whose operands are in L1.
+ *   - amx_2x2_l2: the same, the sources cycling through 1 MiB (512 KiB
+ *     each for A and B; L2 is 2 MiB a core on the CPUs with AMX so far): a
+ *     micro-kernel whose operands come from L2.
+ *   The AMX sources are values like a model's (see g_amx_a), not zeros.
+ *   For the AMX paths "instructions a cycle" counts the tdpbf16ps. They run
+ *   where the CPU has AMX-TILE and AMX-BF16, the OS saves the tile state
+ *   (XCR0) and Linux grants the process the tile data (arch_prctl
+ *   ARCH_REQ_XCOMP_PERM); each thread configures its tiles (ldtilecfg) in
+ *   the loop's function and releases them after.
+ * The vector accumulators are independent chains (more than latency x
+ * issue width of any current core: 4-6 cycles x 2 pipes), the sources are
+ * zeros (no denormals, no NaN), so the loop runs at the issue limit of the
  * instruction. A chain of dependent integer adds (1 a cycle on every x86
  * core since the Pentium 4's successors) gives the clock the loops ran at,
  * so each rate is also given in instructions a cycle.
- *
- * AMX (tdpbf16ps) is not measured: this program has not run on an AMX
- * machine yet.
  *
  * --gemm G (a GEMM rate in GFLOP/s measured on N threads, e.g. the
  * peak_gflops of `dtrain bench step --precision bf16 --json`): prints G as
  * a fraction of each limit at N threads. */
 #define _GNU_SOURCE
+#include <cpuid.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -123,6 +143,136 @@ __attribute__((target("avx512f,avx512bf16"))) static NOINLINE void loop_dpbf16_z
     ZLOOP("zmm", "vdpbf16ps");
 }
 
+/* AMX (GCC's intrinsics: clang spells them otherwise, and its builds
+ * measure no AMX path). The tile configuration (palette 1): tiles 0-7 all
+ * 16 rows of 64 bytes (16 x 16 f32 or 16 x 32 bf16). */
+#if !defined(__clang__)
+#define AMX_BENCH 1
+#include <immintrin.h>
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+#define AMX_ATTR __attribute__((target("amx-tile,amx-bf16")))
+#define AMX_FLOP (16.0 * 16 * 32 * 2) /* one tdpbf16ps */
+
+AMX_ATTR static void amx_configure(void)
+{
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++)
+        c.colsb[t] = 64, c.rows[t] = 16;
+    /* GCC's _tile_loadconfig tells the compiler it reads 8 bytes: the
+     * barrier keeps the stores of the other 56 */
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&c);
+}
+
+/* The sources: A and B regions of 512 KiB each, filled by amx_usable with
+ * values like a model's (bf16 of magnitude 2^-7 to 2^-4, A positive, B
+ * negative, the mantissas spread): with zeros the 2 x 2 loops ran 20-40%
+ * faster on a Xeon with AMX (the register loop did not), and a GEMM never
+ * multiplies zeros. In the 2 x 2 loops K step k's tiles lie at k * 2 KiB
+ * (A: two tiles of 16 rows, 64 bytes a row; B: a packed panel's two
+ * tiles), 4 steps an iteration. */
+#define AMX_REGION ((size_t)512 << 10)
+static _Alignas(64) uint16_t g_amx_a[AMX_REGION / 2], g_amx_b[AMX_REGION / 2];
+
+/* 6 independent accumulators: more than tdpbf16ps's latency over its issue
+ * interval on current cores (about 52 over 16 cycles). */
+AMX_ATTR static NOINLINE void loop_amx_regs(long n)
+{
+    amx_configure();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_loadd(6, g_amx_a, 64);
+    _tile_loadd(7, g_amx_b, 64);
+    for (long i = 0; i < n; i++) {
+        for (int r = 0; r < 2; r++) { /* (unrolled: the tile numbers are constants) */
+            _tile_dpbf16ps(0, 6, 7);
+            _tile_dpbf16ps(1, 6, 7);
+            _tile_dpbf16ps(2, 6, 7);
+            _tile_dpbf16ps(3, 6, 7);
+            _tile_dpbf16ps(4, 6, 7);
+            _tile_dpbf16ps(5, 6, 7);
+        }
+    }
+    _tile_release();
+}
+
+
+AMX_ATTR static inline void amx_2x2(long n, long steps) /* steps: a power of two, 4 or more */
+{
+    amx_configure();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long i = 0; i < n; i++)
+        for (long k = 4 * i; k < 4 * i + 4; k++) {
+            const uint16_t *a = g_amx_a + (k & (steps - 1)) * 1024, *b = g_amx_b + (k & (steps - 1)) * 1024;
+            _tile_loadd(4, a, 64);
+            _tile_stream_loadd(6, b, 64);
+            _tile_stream_loadd(7, b + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, a + 512, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    _tile_release();
+}
+AMX_ATTR static NOINLINE void loop_amx_l1(long n) { amx_2x2(n, 4); }
+AMX_ATTR static NOINLINE void loop_amx_l2(long n) { amx_2x2(n, (long)(AMX_REGION / 2048)); }
+#else
+#define AMX_BENCH 0
+#define AMX_FLOP (16.0 * 16 * 32 * 2)
+static NOINLINE void loop_amx_regs(long n) { (void)n; }
+static NOINLINE void loop_amx_l1(long n) { (void)n; }
+static NOINLINE void loop_amx_l2(long n) { (void)n; }
+#endif
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* AMX-TILE and AMX-BF16 (cpuid 7.0:EDX bits 24, 22), the tile state saved
+ * by the OS (XCR0 bits 17, 18) and the tile data granted (asked once). */
+static bool amx_usable(void)
+{
+    if (!AMX_BENCH)
+        return false;
+    static int ok = -1;
+    if (ok >= 0)
+        return ok;
+    unsigned a, b, c, d;
+    ok = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22)))
+        return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE: xgetbv is there */
+        return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17))
+        return false;
+    ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#if AMX_BENCH
+    for (size_t i = 0; i < AMX_REGION / 2; i++) {
+        g_amx_a[i] = (uint16_t)(0x3c00 + (uint32_t)(i * 2654435761u >> 20) % 0x180);
+        g_amx_b[i] = (uint16_t)(0xbc00 + (uint32_t)(i * 40503u >> 7) % 0x180);
+    }
+    __asm__ volatile("" ::: "memory"); /* the tile loads' asm names no memory: keep the stores */
+#endif
+    return ok;
+}
+
 typedef struct {
     const char *name, *isa; /* the path, and the cpuid feature(s) it needs */
     void (*fn)(long);
@@ -140,6 +290,8 @@ static bool has(const char *isa)
     if (!strcmp(isa, "avx512_bf16"))
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512bf16");
+    if (!strcmp(isa, "amx_bf16"))
+        return amx_usable();
     return false;
 }
 
@@ -148,6 +300,9 @@ static const path k_paths[] = {
     {"fma_zmm", "avx512f", loop_fma_zmm, 48, 32},
     {"dpbf16_ymm", "avx512_bf16", loop_dpbf16_ymm, 48, 32},
     {"dpbf16_zmm", "avx512_bf16", loop_dpbf16_zmm, 48, 64},
+    {"amx_tdpbf16ps", "amx_bf16", loop_amx_regs, 12, AMX_FLOP},
+    {"amx_2x2_l1", "amx_bf16", loop_amx_l1, 16, AMX_FLOP},
+    {"amx_2x2_l2", "amx_bf16", loop_amx_l2, 16, AMX_FLOP},
 };
 
 /* ---- threads ---------------------------------------------------------------------- */
@@ -296,7 +451,7 @@ int main(int argc, char **argv)
             if (json)
                 printf("{\"bench\":\"isa_peak\",\"path\":\"%s\",\"available\":false}\n", q->name);
             else
-                printf("%-11s not on this CPU (needs %s)\n", q->name, q->isa);
+                printf("%-13s not on this CPU (needs %s)\n", q->name, q->isa);
             continue;
         }
         long iters = calibrate(q->fn, ms);
@@ -310,10 +465,10 @@ int main(int argc, char **argv)
             if (json)
                 printf("{\"bench\":\"isa_peak\",\"path\":\"%s\",\"available\":true,\"threads\":%d,"
                        "\"flop_per_instr\":%.0f,\"gflops\":%.1f,\"gflops_per_core\":%.1f,\"gflops_wall\":%.1f,"
-                       "\"instr_per_cycle\":%.2f,\"ghz\":%.2f,\"gemm_fraction\":%.3f}\n",
+                       "\"instr_per_cycle\":%.3g,\"ghz\":%.2f,\"gemm_fraction\":%.3f}\n",
                        q->name, nt, q->flop_per_instr, gf, gf / nt, wall, ipc, ghz[nt], frac);
             else {
-                printf("%-11s threads %3d: %8.1f GFLOP/s (%.1f a core, %.2f instructions a cycle at %.2f GHz, "
+                printf("%-13s threads %3d: %8.1f GFLOP/s (%.1f a core, %.3g instructions a cycle at %.2f GHz, "
                        "%.0f FLOP each; %.1f by wall time)",
                        q->name, nt, gf, gf / nt, ipc, ghz[nt], q->flop_per_instr, wall);
                 if (frac > 0)

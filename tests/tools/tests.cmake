@@ -69,3 +69,9 @@ endif()
 if(TEST tools/test_train_zero_cli)
   set_property(TEST tools/test_train_zero_cli APPEND PROPERTY LABELS slow)
 endif()
+
+# bench/isa_peak (the vector and matrix units' instruction limits) runs
+# briefly: a line for every path, the AMX ones run where the CPU has AMX.
+add_test(NAME tools/isa_peak_quick
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/isa_peak_quick.sh ${PROJECT_BINARY_DIR}/bench/isa_peak)
+set_tests_properties(tools/isa_peak_quick PROPERTIES TIMEOUT 120 LABELS "tools" SKIP_RETURN_CODE 77)
