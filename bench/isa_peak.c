@@ -208,7 +208,6 @@ AMX_ATTR static NOINLINE void loop_amx_regs(long n)
     _tile_release();
 }
 
-
 AMX_ATTR static inline void amx_2x2(long n, long steps) /* steps: a power of two, 4 or more */
 {
     amx_configure();
