@@ -146,6 +146,7 @@ __attribute__((target("avx512f,avx512bf16"))) static NOINLINE void loop_dpbf16_z
 /* AMX (GCC's intrinsics: clang spells them otherwise, and its builds
  * measure no AMX path). The tile configuration (palette 1): tiles 0-7 all
  * 16 rows of 64 bytes (16 x 16 f32 or 16 x 32 bf16). */
+#define AMX_FLOP (16.0 * 16 * 32 * 2) /* one tdpbf16ps */
 #if !defined(__clang__)
 #define AMX_BENCH 1
 #include <immintrin.h>
@@ -157,7 +158,6 @@ typedef struct {
 } amx_cfg;
 
 #define AMX_ATTR __attribute__((target("amx-tile,amx-bf16")))
-#define AMX_FLOP (16.0 * 16 * 32 * 2) /* one tdpbf16ps */
 
 AMX_ATTR static void amx_configure(void)
 {
@@ -233,7 +233,6 @@ AMX_ATTR static NOINLINE void loop_amx_l1(long n) { amx_2x2(n, 4); }
 AMX_ATTR static NOINLINE void loop_amx_l2(long n) { amx_2x2(n, (long)(AMX_REGION / 2048)); }
 #else
 #define AMX_BENCH 0
-#define AMX_FLOP (16.0 * 16 * 32 * 2)
 static NOINLINE void loop_amx_regs(long n) { (void)n; }
 static NOINLINE void loop_amx_l1(long n) { (void)n; }
 static NOINLINE void loop_amx_l2(long n) { (void)n; }
