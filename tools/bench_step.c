@@ -15,10 +15,11 @@
  * step's own precision, measured in the same run after the timed steps
  * (the model and trainer freed first):
  *   - Models whose step is mostly GEMMs (GPT, Llama, the MLP: the GEMMs
- *     the first step makes carry at least half of the step's FLOPs): the
- *     step's own GEMMs. The first step runs under a GEMM recording
- *     (dt_k_gemm_record_start, kernels.h), which sees every dt_k_matmul*
- *     call the step makes: for GPT and Llama each block's forward,
+ *     the recorded step makes carry at least half of the step's FLOPs):
+ *     the step's own GEMMs. The first timed step (the steady state, after
+ *     the warm-up) runs under a GEMM recording (dt_k_gemm_record_start,
+ *     kernels.h), which sees every dt_k_matmul* call the step makes and
+ *     its time there: for GPT and Llama each block's forward,
  *     input-gradient and weight-gradient GEMMs and the LM head's, at
  *     M = batch x seq, in the dtype and through the entry the step used
  *     (bf16 x bf16 -> bf16 or -> f32 on oneDNN, dtrain's AMX GEMM, or the
@@ -31,6 +32,10 @@
  *     terms, which the attention kernel computes), peak_gemm_ms their time
  *     at the measured rates: the part of median_ms that no faster
  *     element-wise, attention or optimizer code can remove.
+ *     step_gemm_ms is the same GEMMs' time inside the recorded step
+ *     (each timed around its product): its excess over peak_gemm_ms is
+ *     what the step's surroundings cost them (weights and activations
+ *     from memory rather than the caches the back-to-back runs warm).
  *     peak_cpu_gflops_per_core_s is the same GEMMs' FLOPs per CPU-second
  *     of the process (all threads): a core's rate, which a busy machine
  *     lowers less than the wall-time peak (set it against bench/isa_peak's
@@ -137,7 +142,7 @@ static void usage(FILE *f)
                "                  step's own GEMMs in its precision (GPT, Llama, MLP), else 2048^3 (ConvNet)\n"
                "  --precision P   fp32 (default), bf16, fp16 or auto: as dtrain train --precision (f32 master weights)\n"
                "  --peak-detail   with the peak: each distinct GEMM's best time, rate and share of the GEMMs' time,\n"
-               "                  one line each on stderr\n"
+               "                  and its time a call inside the step, one line each on stderr\n"
                "  --lm-loss L     GPT-2 models: fused (default: head + cross-entropy in row chunks) or unfused\n"
                "                  (Llama models: unfused)\n"
                "  --prepare P     on (default): dt_trainer_prepare before the first step (prepare_ms); off: the first\n"
@@ -186,12 +191,21 @@ static int measure_peak(const dt_k_gemm_shape *rec, int nrec, dt_dtype t, int re
         const double f = 2.0 * (double)g[i].batch * (double)g[i].M * (double)g[i].N * (double)g[i].K;
         const double w = (double)g[i].count * best[i];
         fprintf(stderr, "peak %2d: %s%s batch %lld M %lld N %lld K %lld %s->%s%s x%lld: %.3f ms, %.1f GFLOP/s, "
-                "%.1f%% of the GEMMs' time\n", i, g[i].trans_a ? "At" : "A", g[i].trans_b ? "Bt" : "B",
+                "%.1f%% of the GEMMs' time", i, g[i].trans_a ? "At" : "A", g[i].trans_b ? "Bt" : "B",
                 (long long)g[i].batch, (long long)g[i].M, (long long)g[i].N, (long long)g[i].K,
                 dt_dtype_name(g[i].ab_type), dt_dtype_name(g[i].c_type), g[i].bias ? "+bias" : "",
                 (long long)g[i].count, best[i] * 1e3, best[i] > 0 ? f / best[i] * 1e-9 : 0.0,
                 rate->seconds > 0 ? 100.0 * w / rate->seconds : 0.0);
+        if (g[i].count > 0 && g[i].seconds > 0) { /* recorded in the step */
+            const double in = g[i].seconds / (double)g[i].count;
+            fprintf(stderr, "; in the step %.3f ms a call (%.2fx)", in * 1e3, best[i] > 0 ? in / best[i] : 0.0);
+        }
+        fputc('\n', stderr);
     }
+    if (detail && rate->recorded_seconds > 0)
+        fprintf(stderr, "peak: the GEMMs took %.3f ms inside the recorded step, %.3f ms at their best (%.2fx)\n",
+                rate->recorded_seconds * 1e3, rate->seconds * 1e3,
+                rate->seconds > 0 ? rate->recorded_seconds / rate->seconds : 0.0);
     free(best);
     return 0;
 }
@@ -306,14 +320,10 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
         if (warmup != WARMUP_AUTO ? w >= warmup : w >= WARMUP_MAX)
             break;
         long f0 = minor_faults();
-        if (w == 0 && record && dt_k_gemm_record_start() < 0)
-            goto fail;
         double c0 = cpu_seconds(), t0 = dt_time_s();
         dt_trainer_metrics r;
         dt_status sst = dt_trainer_step(tr, &b, 1, &r);
         double dt = dt_time_s() - t0;
-        if (w == 0 && record && stop_recording(rec, &nrec) < 0 && sst == DT_OK)
-            goto fail;
         if (sst < 0)
             goto fail;
         if (w == 0)
@@ -329,7 +339,7 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     double cpu0 = cpu_seconds();
     long faults0 = minor_faults();
     for (int s = 0; s < steps; s++) {
-        bool first = warmup == 0 && s == 0;
+        bool first = s == 0; /* the recorded step */
         if (first && record && dt_k_gemm_record_start() < 0)
             goto fail;
         double t0 = dt_time_s();
@@ -383,7 +393,7 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,\"prepare_ms\":%.3f,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,\"peak_kind\":\"%s\","
-               "\"peak_shapes\":%d,\"peak_gemm_gflop\":%.4f,\"peak_gemm_ms\":%.3f,\"peak_cpu_gflops_per_core_s\":%.1f,"
+               "\"peak_shapes\":%d,\"peak_gemm_gflop\":%.4f,\"peak_gemm_ms\":%.3f,\"step_gemm_ms\":%.3f,\"peak_cpu_gflops_per_core_s\":%.1f,"
                "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\"}\n",
                name, batch, (long long)seq_out, dt_optim_kind_name(tp.optimizer), precision,
                dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : lm_head ? "fused" : "unfused",
@@ -391,7 +401,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
                tpg ? dt_pg_size(tpg) : 1, steps, warmup, prep_s * 1e3, med[0] * 1e3, mn * 1e3, first_s * 1e3,
                med[0] > 0 ? first_s / med[0] : 0.0, faults, first_faults, first_cpu * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, kind,
-               peak > 0 ? (used > 0 ? used : 1) : 0, used > 0 ? rate.gflop : 0.0, used > 0 ? rate.seconds * 1e3 : 0.0, cpu_peak, pct,
+               peak > 0 ? (used > 0 ? used : 1) : 0, used > 0 ? rate.gflop : 0.0, used > 0 ? rate.seconds * 1e3 : 0.0,
+               used > 0 ? rate.recorded_seconds * 1e3 : 0.0, cpu_peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
                cpu_pct, params, rss, (double)last_loss,
                dt__omp_wait_desc(omp_wait, sizeof omp_wait));

@@ -214,6 +214,9 @@ typedef struct {
                                            (dt_k_matmul_batched_lp) */
     bool bias;                          /* a bias vector was added */
     int64_t count;                      /* calls while recording (dt_k_gemm_bench: weight) */
+    double seconds;                     /* wall seconds those calls took in all, each timed around its
+                                           product while recording: the GEMMs' time inside the work
+                                           (dt_k_gemm_bench reads it only to sum it) */
 } dt_k_gemm_shape;
 
 /* Start recording (clearing an earlier recording). DT_ERR_INVALID_ARG if a
@@ -230,6 +233,9 @@ typedef struct {
     double cpu_gflops; /* the same per CPU-second of the process (user + system, all threads) */
     double gflop;      /* sum(count x flop) * 1e-9: the list's work, 2 M N K batch per call */
     double seconds;    /* sum(count x best time): the list's time at the measured rates */
+    double recorded_seconds; /* sum(seconds): the list's time where it was recorded (0 for a list
+                                written by hand); against `seconds`, what the work's surroundings
+                                cost its GEMMs (operands from memory, not the caches) */
 } dt_k_gemm_rate;
 
 /* Time each of the n calls of g: `reps` runs (>= 1) through the entry that

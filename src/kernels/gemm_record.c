@@ -2,9 +2,13 @@
  * dt_k_gemm_bench).
  *
  * dt_k_matmul_batched and dt_k_matmul_batched_lp (and so dt_k_matmul) call
- * dt__gemm_record after their argument checks while a recording runs. The
- * table holds each distinct call once (every argument but the data, alpha
- * and beta by value) with a count; it is a plain array searched linearly:
+ * dt__gemm_record after their product while a recording runs (one that
+ * started during the product is not seen), with the product's wall time.
+ * The table holds each distinct call once (every argument but the data,
+ * alpha and beta by value) with a count and the calls' summed time, which
+ * is their time inside the recorded work (operands where that work left
+ * them): against the bench's best on its own operands it shows what the
+ * surroundings cost each GEMM. It is a plain array searched linearly:
  * a training step issues a few hundred calls of a few dozen shapes. One
  * mutex guards it (calls may come from several threads); with no recording
  * the matmuls pay one relaxed atomic load.
@@ -50,6 +54,7 @@ void dt__gemm_record(const dt_k_gemm_shape *call)
     for (int i = 0; i < g_n; i++)
         if (same_call(&g_tab[i], call)) {
             g_tab[i].count++;
+            g_tab[i].seconds += call->seconds;
             goto out;
         }
     if (g_n == g_cap) {
@@ -164,8 +169,8 @@ static dt_status check_call(const dt_k_gemm_shape *e, int i, size_t *ab, size_t 
 {
     const char *fn = "dt_k_gemm_bench";
     if (e->batch < 0 || e->M < 0 || e->N < 0 || e->K < 0 || e->stride_a < 0 || e->stride_b < 0 ||
-        e->stride_c < 0 || e->count < 0)
-        return dt_error(DT_ERR_INVALID_ARG, "%s: call %d has a negative size, stride or count", fn, i);
+        e->stride_c < 0 || e->count < 0 || !(e->seconds >= 0 && e->seconds < 1e300))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: call %d has a negative size, stride, count or time", fn, i);
     if (e->ab_type != DT_F32 && !lowp(e->ab_type))
         return dt_error(DT_ERR_UNSUPPORTED, "%s: call %d: operand dtype %s (f32, bf16 or f16)", fn, i,
                         dt_dtype_name(e->ab_type));
@@ -210,9 +215,10 @@ dt_status dt_k_gemm_bench(const dt_k_gemm_shape *g, int n, int reps, double *bes
     }
     memset(C, 0, cb); /* touched now (beta != 0 reads it: zeros stay finite) */
     dt_dtype filled = DT_DTYPE_COUNT; /* the dtype A and B hold values of (none yet) */
-    double sum_flop = 0, sum_s = 0, sum_cpu = 0;
+    double sum_flop = 0, sum_s = 0, sum_cpu = 0, sum_rec = 0;
     for (int i = 0; i < n; i++) {
         const dt_k_gemm_shape *e = &g[i];
+        sum_rec += e->seconds;
         size_t es = dt_dtype_size(e->ab_type);
         if (e->ab_type != filled) { /* whole buffers, so each call reads values of its dtype */
             if ((st = fill(A, e->ab_type, (int64_t)(ab / es), 1)) < 0 ||
@@ -242,6 +248,7 @@ dt_status dt_k_gemm_bench(const dt_k_gemm_shape *g, int n, int reps, double *bes
     }
     out->gflop = sum_flop * 1e-9;
     out->seconds = sum_s;
+    out->recorded_seconds = sum_rec;
     out->gflops = sum_s > 0 ? sum_flop / sum_s * 1e-9 : 0.0;
     out->cpu_gflops = sum_cpu > 0 ? sum_flop / sum_cpu * 1e-9 : 0.0;
 out:

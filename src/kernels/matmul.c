@@ -658,20 +658,25 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
     return st;
 }
 
-/* A checked call into a GEMM recording (gemm_record.c), when one runs. */
-static void mm_record(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha, int64_t sa,
-                      int64_t sb, dt_dtype t, float beta, dt_dtype ct, int64_t sc, const float *bias)
+/* A checked call into a GEMM recording (gemm_record.c), made after its
+ * product, which started at t0 (dt_time_s; 0: no recording ran then). */
+static void mm_record(double t0, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                      int64_t sa, int64_t sb, dt_dtype t, float beta, dt_dtype ct, int64_t sc, const float *bias)
 {
-    if (!dt__gemm_recording())
+    if (t0 == 0 || !dt__gemm_recording())
         return;
     bool one = batch == 1;
     dt_k_gemm_shape c = {.trans_a = ta, .trans_b = tb, .batch = batch, .M = M, .N = N, .K = K,
                          .stride_a = one ? 0 : sa, .stride_b = one ? 0 : sb, .stride_c = one ? 0 : sc,
-                         .alpha = alpha, .beta = beta, .ab_type = t, .c_type = ct, .bias = bias != NULL};
+                         .alpha = alpha, .beta = beta, .ab_type = t, .c_type = ct, .bias = bias != NULL,
+                         .seconds = dt_time_s() - t0};
     dt__gemm_record(&c);
 }
 
-/* dt_k_matmul_batched after its checks (and its recording). */
+/* The start of a product for mm_record: its time while a recording runs. */
+static double mm_record_t0(void) { return dt__gemm_recording() ? dt_time_s() : 0.0; }
+
+/* dt_k_matmul_batched after its checks (its recording times this). */
 static dt_status mm_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                             const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta, float *C,
                             int64_t sc, const float *bias)
@@ -688,8 +693,10 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
     dt_status st = mm_check("dt_k_matmul", ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
     if (st < 0)
         return st;
-    mm_record(ta, tb, batch, M, N, K, alpha, sa, sb, t, beta, DT_F32, sc, bias);
-    return mm_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, sc, bias);
+    const double t0 = mm_record_t0();
+    st = mm_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, sc, bias);
+    mm_record(t0, ta, tb, batch, M, N, K, alpha, sa, sb, t, beta, DT_F32, sc, bias);
+    return st;
 }
 
 bool dt_k_matmul_writes_lp(dt_dtype t)
@@ -716,20 +723,12 @@ static dt_status mm_lp_f32(const char *fn, bool ta, bool tb, int64_t batch, int6
     return st;
 }
 
-/* dt_k_matmul_batched_lp, and with finite (not NULL) its check: set by the
- * AMX GEMM's epilogue as it stores, else by a read pass after. */
-static dt_status mm_lp(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
-                       float alpha, const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
-                       int64_t sc, const float *bias, bool *finite)
+/* mm_lp after its checks: the product and, with finite, its check. */
+static dt_status mm_lp_run(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
+                           float alpha, const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
+                           int64_t sc, const float *bias, bool *finite)
 {
-    if (finite)
-        *finite = false;
-    if (t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
-    dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
-    if (st < 0)
-        return st;
-    mm_record(ta, tb, batch, M, N, K, alpha, sa, sb, t, 0.0f, t, sc, bias);
+    dt_status st;
     if (batch == 0 || M == 0 || N == 0) {
         if (finite)
             *finite = true;
@@ -746,6 +745,25 @@ static dt_status mm_lp(const char *fn, bool ta, bool tb, int64_t batch, int64_t 
         if (!*finite)
             break;
     }
+    return st;
+}
+
+/* dt_k_matmul_batched_lp, and with finite (not NULL) its check: set by the
+ * AMX GEMM's epilogue as it stores, else by a read pass after. */
+static dt_status mm_lp(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
+                       float alpha, const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
+                       int64_t sc, const float *bias, bool *finite)
+{
+    if (finite)
+        *finite = false;
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
+    if (st < 0)
+        return st;
+    const double t0 = mm_record_t0();
+    st = mm_lp_run(fn, ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, C, sc, bias, finite);
+    mm_record(t0, ta, tb, batch, M, N, K, alpha, sa, sb, t, 0.0f, t, sc, bias);
     return st;
 }
 

@@ -1,8 +1,9 @@
 /* GEMM recording and timing (dt_k_gemm_record_start/stop, dt_k_gemm_bench):
  * every dt_k_matmul* entry is seen once per call with its arguments, the
  * low-precision entry as itself (not as the f32 product it may run on),
- * repeats are counted, nothing is seen outside a recording; the bench's
- * work and weighting; misuse is an error. Speeds are not checked. */
+ * repeats are counted and timed, nothing is seen outside a recording; the
+ * bench's work and weighting, the recorded times summed; misuse is an
+ * error. Speeds are not checked. */
 // dt-test-labels: threads
 #include "dtrain/kernels.h"
 #include "test.h"
@@ -40,6 +41,8 @@ TEST(record_counts_each_entry)
     ASSERT(g[2].ab_type == DT_BF16 && g[2].c_type == DT_BF16 && g[2].count == 1);
     ASSERT(g[3].batch == 4 && g[3].stride_a == M * K && g[3].stride_b == 0 && g[3].stride_c == M * N);
     ASSERT(g[3].alpha == 0.5f && g[3].ab_type == DT_BF16 && g[3].c_type == DT_F32);
+    for (int i = 0; i < 4; i++) /* each entry's calls timed where they ran */
+        ASSERT(g[i].seconds > 0 && g[i].seconds < 10);
     /* after the stop nothing is recorded; a second stop is an error */
     ASSERT_OK(dt_k_matmul(false, true, M, N, K, 1.0f, a, b, DT_F32, 0.0f, c, NULL));
     ASSERT_STATUS(dt_k_gemm_record_stop(g, 8, &n), DT_ERR_INVALID_ARG);
@@ -75,6 +78,10 @@ TEST(bench_weights_by_count)
     ASSERT_NEAR(r.seconds, 12 * best[0] + best[1], 1e-15, 1e-9);
     ASSERT_NEAR(r.gflops, flop / r.seconds * 1e-9, 0, 1e-9);
     ASSERT(r.cpu_gflops >= 0 && isfinite(r.cpu_gflops));
+    ASSERT(r.recorded_seconds == 0); /* a list written by hand: no time where it ran */
+    g[0].seconds = 0.25, g[1].seconds = 0.5; /* recorded times are summed, not weighed */
+    ASSERT_OK(dt_k_gemm_bench(g, 3, 1, NULL, &r));
+    ASSERT_NEAR(r.recorded_seconds, 0.75, 0, 1e-12);
     /* the recording and the bench agree: a recorded call replays */
     ASSERT_OK(dt_k_gemm_record_start());
     ASSERT_OK(dt_k_gemm_bench(g, 1, 1, NULL, &r));
@@ -83,6 +90,7 @@ TEST(bench_weights_by_count)
     ASSERT_OK(dt_k_gemm_record_stop(again, 2, &n));
     ASSERT_EQ_INT(n, 1);
     ASSERT(again[0].M == 64 && again[0].N == 32 && again[0].K == 48 && again[0].count == 1);
+    ASSERT(again[0].seconds > 0);
 }
 
 TEST(bench_bad_args)
@@ -99,6 +107,11 @@ TEST(bench_bad_args)
     ASSERT_STATUS(dt_k_gemm_bench(&bad, 1, 1, NULL, &r), DT_ERR_INVALID_ARG);
     bad = g;
     bad.count = -3;
+    ASSERT_STATUS(dt_k_gemm_bench(&bad, 1, 1, NULL, &r), DT_ERR_INVALID_ARG);
+    bad = g;
+    bad.seconds = -1e-3;
+    ASSERT_STATUS(dt_k_gemm_bench(&bad, 1, 1, NULL, &r), DT_ERR_INVALID_ARG);
+    bad.seconds = NAN;
     ASSERT_STATUS(dt_k_gemm_bench(&bad, 1, 1, NULL, &r), DT_ERR_INVALID_ARG);
     bad = g;
     bad.M = bad.N = bad.K = (int64_t)1 << 40; /* no allocation is tried */

@@ -176,15 +176,17 @@ TEST(peak_in_step_precision)
 }
 
 /* --peak-detail: one line per distinct GEMM of the peak (gpt-micro's 15),
- * each with its time, rate and share of the GEMMs' time; the shares add up
- * to the whole. Without a peak (--peak-reps 0) there is nothing to detail. */
+ * each with its time, rate and share of the GEMMs' time (the shares add up
+ * to the whole) and its time a call inside the recorded step; those times
+ * times the counts add up to the summary line's and to step_gemm_ms.
+ * Without a peak (--peak-reps 0) there is nothing to detail. */
 TEST(peak_detail)
 {
     static char out[16384];
     ASSERT_EQ_INT(run("--model gpt-micro --batch 2 --seq 16 --steps 1 --warmup 0 --threads 1 --peak-reps 1 "
                       "--precision bf16 --peak-detail --json", out, sizeof out), 0);
     int lines = 0;
-    double share = 0;
+    double share = 0, in_step = 0;
     for (const char *p = strstr(out, "peak "); p; p = strstr(p + 1, "peak ")) {
         int i = -1;
         double pct = -1;
@@ -195,12 +197,25 @@ TEST(peak_detail)
         while (q > p && q[-1] != ' ')
             q--;
         ASSERT(sscanf(q, "%lf", &pct) == 1 && pct >= 0 && pct <= 100);
+        long long count = 0;
+        double call_ms = -1, ratio = -1;
+        const char *x = strstr(p, " x"), *in = strstr(p, "; in the step "), *eol = strchr(p, '\n');
+        ASSERT(x && sscanf(x, " x%lld:", &count) == 1 && count > 0);
+        ASSERT(in && eol && in < eol && sscanf(in, "; in the step %lf ms a call (%lfx)", &call_ms, &ratio) == 2);
+        ASSERT(call_ms > 0 && ratio > 0);
+        in_step += (double)count * call_ms;
         ASSERT_EQ_INT(i, lines);
         lines++, share += pct;
     }
     ASSERT_EQ_INT(lines, 15);
     ASSERT(fabs(share - 100.0) < 0.1 * 15); /* each share printed to 0.1 */
     ASSERT_STR_CONTAINS(out, "\"peak_shapes\":15,");
+    double total = -1, json_ms = -1;
+    const char *sum = strstr(out, "peak: the GEMMs took "), *js = strstr(out, "\"step_gemm_ms\":");
+    ASSERT(sum && sscanf(sum, "peak: the GEMMs took %lf ms inside the recorded step", &total) == 1);
+    ASSERT(js && sscanf(js, "\"step_gemm_ms\":%lf", &json_ms) == 1);
+    ASSERT(total > 0 && fabs(json_ms - total) < 1e-3 + 1e-6 * total);
+    ASSERT(fabs(in_step - total) < 15 * 0.5e-3 * 20 + 1e-3 * total); /* lines printed to 1 us a call */
     ASSERT_EQ_INT(run("--model gpt-micro --batch 2 --seq 16 --steps 1 --warmup 0 --threads 1 --peak-reps 0 "
                       "--peak-detail --json", out, sizeof out), 0);
     ASSERT(strstr(out, "of the GEMMs' time") == NULL);
