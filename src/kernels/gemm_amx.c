@@ -836,7 +836,11 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
      * memory. With K in chunks the rows of A are read again for every
      * column group, so there are then as many groups as threads (256 x 768
      * x 50304: A is 26 MB); with K in one chunk, groups of up to NC
-     * columns, halved until every thread has 8. The macro block's sums
+     * columns, halved until every thread has 2 (each group then packs
+     * wider pieces of B's rows: on the Xeon with AMX, 2 threads, cold
+     * weights, 4-6 rounds interleaved against 8 a thread: 256 x 768 x 768
+     * 0.78, 256 x 3072 x 768 0.89, 256 x 2304 x 768 0.95, 512 rows
+     * 0.82-0.97, 128 rows 0.98-1.01; warm 0.84-0.97). The macro block's sums
      * (mcb x ncb blocks) stay within BJIT_BLOCKS (6 MiB a thread): 2048 x
      * 3072 x 3072 (12 MiB) ran 20% slower so. On the Xeon with AMX, 2
      * threads, cold operands, interleaved against packing B first: 256 x
@@ -865,7 +869,7 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
     if (p.bjit) {
         p.mcb = nmb;
         p.ncb = jncb;
-        while (kb <= KC_ONE && cdiv(nnb, p.ncb) < 8 * (int64_t)nt && p.ncb > 1)
+        while (kb <= KC_ONE && cdiv(nnb, p.ncb) < 2 * (int64_t)nt && p.ncb > 1)
             p.ncb /= 2;
         while (nmb * p.ncb > BJIT_BLOCKS && p.ncb > 1)
             p.ncb = cdiv(p.ncb, 2);
