@@ -199,6 +199,7 @@ DT_API dt_status dt_k_bench_matmul(int64_t n, dt_dtype dt, int reps, double *gfl
  *     dt_k_gemm_record_stop(g, 64, &n);        // the distinct calls, with their counts
  *     dt_k_gemm_rate r;
  *     dt_k_gemm_bench(g, n < 64 ? n : 64, 3, NULL, &r);  // r.gflops: the FLOP-weighted rate
+ *     // r.recorded_seconds / r.seconds: how much slower the GEMMs ran inside the step
  *
  * The recording is process-wide (calls from every thread count) and costs
  * one relaxed atomic load per matmul call while it is off. */
@@ -244,7 +245,7 @@ typedef struct {
  * size for A, B and C, freed on return), the best run taken. best_s (NULL,
  * or n entries) gets each call's best time in seconds. A call with count
  * 0 is timed but weighs nothing. Errors: DT_ERR_INVALID_ARG (n < 1,
- * reps < 1, a negative dimension or count), DT_ERR_NO_MEMORY, or the
+ * reps < 1, a negative dimension, count or seconds), DT_ERR_NO_MEMORY, or the
  * matmul's own. */
 DT_API dt_status dt_k_gemm_bench(const dt_k_gemm_shape *g, int n, int reps, double *best_s, dt_k_gemm_rate *out);
 
