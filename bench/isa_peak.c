@@ -448,6 +448,8 @@ int main(int argc, char **argv)
         if (!has(q->isa)) {
             if (json)
                 printf("{\"bench\":\"isa_peak\",\"path\":\"%s\",\"available\":false}\n", q->name);
+            else if (!AMX_BENCH && !strcmp(q->isa, "amx_bf16")) /* the CPU may have it: say what is missing */
+                printf("%-13s not measured by this build (GCC's AMX intrinsics)\n", q->name);
             else
                 printf("%-13s not on this CPU (needs %s)\n", q->name, q->isa);
             continue;
