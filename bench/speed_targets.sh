@@ -12,7 +12,10 @@
 #                step at B=8 T=256 at most 0.4 of torch.compile's, at B=4 T=64
 #                at most 0.5, and at least 45% of the bf16 GEMM limit (the
 #                step's 6 N B T FLOPs a second against the best rate dtrain's or
-#                PyTorch's matmul reaches on the step's own GEMM shapes);
+#                PyTorch's matmul reaches on the step's own GEMM shapes); with
+#                both rows, a "# floor:" line says what share of torch.compile's
+#                B=8 T=256 step the step's GEMMs alone take at that best rate:
+#                no step on this CPU goes below it at the rates measured here;
 #                GPT-2 medium B=4 T=512 with --full (reported, no bound)
 #   avx512_bf16  (no AMX): the B=8 T=256 bf16 step at most 0.7 of torch.compile's
 #   other        no bf16 bound (dtrain's --precision auto trains in f32 there)
@@ -131,6 +134,19 @@ if [ "$cpu" != other ]; then
             'BEGIN { l = a > b ? a : b; if (g == "" || l <= 0) print "na"; else printf "%.3f", g / l }')
         row "GPT-2 bf16 B=8 T=256 step / bf16 GEMM limit" "$f" ">=" 0.45 \
             "step ${g:-?} GFLOP/s; GEMMs: dtrain ${pd:-?}, PyTorch ${pt:-skipped}"
+        # The lowest ratio to torch.compile any step could reach here: its GEMMs alone at the best rate
+        # measured on their shapes (dtrain's or PyTorch's), against the compiled step of the row above
+        # (this run's, when it ran). Above the bound, no kernel that runs at the rates measured on this
+        # CPU meets it; the rest of the step (optimizer, element-wise) only adds to the floor.
+        gf=$(jnum "$s" peak_gemm_gflop)
+        cm=$(want gpt2-bf16 && [ -n "${PEER_PYTHON:-}" ] && [ -f "$logs/gpt2-bf16.txt" ] && awk '$1 == "compile" { print $2; exit }' "$logs/gpt2-bf16.txt")
+        awk -v gf="${gf:-}" -v a="${pd:-0}" -v b="${pt:-0}" -v cm="${cm:-}" -v bound=0.4 'BEGIN {
+            l = a > b ? a : b
+            if (gf == "" || l <= 0 || cm == "" || cm <= 0) exit
+            ms = gf / l * 1e3; r = ms / cm
+            why = (r > bound) ? sprintf(" (above the bound %s: not reachable at the GEMM rates measured on this CPU)", bound) : ""
+            printf "# floor: the step'\''s GEMMs alone (%.1f GFLOP) at %.1f GFLOP/s take %.0f ms, %.3f of torch.compile'\''s %.0f ms step%s\n", gf, l, ms, r, cm, why
+        }'
     fi
     if [ "$cpu" = amx ] && [ "$full" = 1 ] && want gpt2-medium; then
         m=$(gpt2_peer gpt2-medium 4 512 gpt2-medium)
