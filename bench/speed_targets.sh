@@ -139,13 +139,17 @@ if [ "$cpu" != other ]; then
         # (this run's, when it ran). Above the bound, no kernel that runs at the rates measured on this
         # CPU meets it; the rest of the step (optimizer, element-wise) only adds to the floor.
         gf=$(jnum "$s" peak_gemm_gflop)
-        cm=$(want gpt2-bf16 && [ -n "${PEER_PYTHON:-}" ] && [ -f "$logs/gpt2-bf16.txt" ] && awk '$1 == "compile" { print $2; exit }' "$logs/gpt2-bf16.txt")
+        cm=
+        if want gpt2-bf16 && [ -n "${PEER_PYTHON:-}" ] && [ -f "$logs/gpt2-bf16.txt" ]; then
+            cm=$(awk '$1 == "compile" { print $2; exit }' "$logs/gpt2-bf16.txt")
+        fi
         awk -v gf="${gf:-}" -v a="${pd:-0}" -v b="${pt:-0}" -v cm="${cm:-}" -v bound=0.4 'BEGIN {
             l = a > b ? a : b
             if (gf == "" || l <= 0 || cm == "" || cm <= 0) exit
             ms = gf / l * 1e3; r = ms / cm
-            why = (r > bound) ? sprintf(" (above the bound %s: not reachable at the GEMM rates measured on this CPU)", bound) : ""
-            printf "# floor: the step'\''s GEMMs alone (%.1f GFLOP) at %.1f GFLOP/s take %.0f ms, %.3f of torch.compile'\''s %.0f ms step%s\n", gf, l, ms, r, cm, why
+            why = r > bound ? " (above the bound " bound ": not reachable at the GEMM rates measured on this CPU)" : ""
+            printf "# floor: the step'\''s GEMMs alone (%.1f GFLOP) at %.1f GFLOP/s take %.0f ms, %.3f of ", gf, l, ms, r
+            printf "torch.compile'\''s %.0f ms step%s\n", cm, why
         }'
     fi
     if [ "$cpu" = amx ] && [ "$full" = 1 ] && want gpt2-medium; then
