@@ -374,6 +374,10 @@ dt_status dt__mpi_wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_St
         }
         if (spins < 2000)
             continue;
+        /* The timeout counts from the wait's start (tl), the naps' back-off
+         * from the end of the spinning (t0): on a loaded machine 2000 tests
+         * can take seconds (Open MPI yields the CPU in each when the job is
+         * oversubscribed), and a timeout counted from t0 came that much late. */
         double now = dt_time_s();
         if (t0 == 0)
             t0 = now;
@@ -381,7 +385,7 @@ dt_status dt__mpi_wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_St
             m->abandoned = 1;
             return dt__mpi_down_error(m);
         }
-        if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
+        if (c->timeout_s > 0 && now - tl > c->timeout_s) {
             char d[160];
             m->failed = 1;
             m->abandoned = 1;
