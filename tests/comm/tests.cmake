@@ -58,6 +58,9 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   # The flight recorder names a stopped rank (tests/comm/mpi_flight.c):
   # under mpirun (the peers ask each other point to point) and under
   # `dtrain run` (shm: the stopped rank's state is read from the segment).
+  # Under mpirun each MPI_Test of a wait's spinning phase naps 3 ms, as on a
+  # loaded machine (DT_FAULT_MPI_TEST_NAP_US): the timeout must still come
+  # 3 s after the post, not after 2000 such tests.
   add_executable(mpi_flight ${CMAKE_CURRENT_LIST_DIR}/mpi_flight.c)
   set_target_properties(mpi_flight PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   target_compile_options(mpi_flight PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
@@ -68,7 +71,7 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
            COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 $<TARGET_FILE:mpi_flight>)
   set_tests_properties(comm/mpi_flight_np3 PROPERTIES TIMEOUT 60 LABELS "comm;mpi;idle"
     PASS_REGULAR_EXPRESSION "mpi_flight: 3 ranks, backend mpi: ok" FAIL_REGULAR_EXPRESSION "FAILED"
-    ENVIRONMENT "DT_BACKEND=mpi;DT_EXPECT_BACKEND=mpi;DT_COMM_TIMEOUT=3;DT_INIT_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
+    ENVIRONMENT "DT_BACKEND=mpi;DT_EXPECT_BACKEND=mpi;DT_COMM_TIMEOUT=3;DT_INIT_TIMEOUT=60;DT_FAULT_MPI_TEST_NAP_US=3000;ASAN_OPTIONS=detect_leaks=0")
   add_test(NAME comm/mpi_flight_shm_run
            COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 3 -- $<TARGET_FILE:mpi_flight>)
   set_tests_properties(comm/mpi_flight_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi;idle"

@@ -342,6 +342,10 @@ int dt__mpi_down_ends(mpi_ctx *m, const dt_coll *c, int poll)
  * rank that a failure notice reaches before it has seen its last
  * collective complete. */
 static int64_t g_late_rank = -2, g_late_seq = -1;
+/* Test hook (tests/comm/tests.cmake, comm/mpi_flight_np3):
+ * DT_FAULT_MPI_TEST_NAP_US=N naps N us after each test of the spinning
+ * phase, as a loaded machine's MPI_Test that yields the CPU each time. */
+static int64_t g_test_nap_us = -1;
 
 static int late_look(mpi_ctx *m, const dt_coll *c, double t0)
 {
@@ -354,6 +358,8 @@ static int late_look(mpi_ctx *m, const dt_coll *c, double t0)
 
 dt_status dt__mpi_wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Status *st)
 {
+    if (g_test_nap_us < 0 && dt_env_int("DT_FAULT_MPI_TEST_NAP_US", 0, 0, 999999, &g_test_nap_us) < 0)
+        g_test_nap_us = 0;
     double t0 = 0, tl = dt_time_s();
     for (unsigned long spins = 0;; spins++) {
         int flag = 0;
@@ -362,7 +368,7 @@ dt_status dt__mpi_wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_St
             return dt__mpi_err(rc, "MPI_Test", c);
         if (flag && !late_look(m, c, tl))
             return DT_OK;
-        if (dt__mpi_down_ends(m, c, spins % 64 == 0 || spins >= 2000)) {
+        if (dt__mpi_down_ends(m, c, spins % 64 == 0 || t0 != 0)) {
             m->abandoned = 1;
             return dt__mpi_down_error(m);
         }
@@ -372,15 +378,19 @@ dt_status dt__mpi_wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_St
             dt__mpi_lock();
             continue;
         }
-        if (spins < 2000)
-            continue;
-        /* The timeout counts from the wait's start (tl), the naps' back-off
-         * from the end of the spinning (t0): on a loaded machine 2000 tests
-         * can take seconds (Open MPI yields the CPU in each when the job is
-         * oversubscribed), and a timeout counted from t0 came that much late. */
+        /* Spinning first: 2000 tests or 2 ms, whichever ends first (on a
+         * loaded machine 2000 tests can take seconds: Open MPI yields the
+         * CPU in each when the job is oversubscribed). The timeout counts
+         * from the wait's start (tl), the naps' back-off from the end of
+         * the spinning (t0). */
+        if (t0 == 0) {
+            if (g_test_nap_us > 0)
+                dt__mpi_nap(g_test_nap_us * 1000);
+            if (spins < 2000 && (spins % 64 || dt_time_s() - tl < 0.002))
+                continue;
+            t0 = dt_time_s();
+        }
         double now = dt_time_s();
-        if (t0 == 0)
-            t0 = now;
         if (dt__mpi_peer_died(m, c)) {
             m->abandoned = 1;
             return dt__mpi_down_error(m);
