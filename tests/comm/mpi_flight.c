@@ -8,8 +8,9 @@
  * within the timeout + 5 s. The group under test is a second group of
  * the job's ranks (its timeout from the environment); after the check rank
  * 0, told by rank 2 that it has its verdict too, continues rank 1 (SIGCONT)
- * and all three tally the result on the first group, whose timeout is 60 s. Also run under `dtrain run -n 3`
- * (shm: there the stopped rank's own state is read from shared memory).
+ * and all three tally the result on the first group, whose timeout is 60
+ * s. Also run under `dtrain run -n 3` (shm: there the stopped rank's own
+ * state is read from shared memory).
  * Registered by tests/comm/tests.cmake. */
 #include "dtrain/comm.h"
 
