@@ -123,6 +123,9 @@ typedef struct {
                                    first gradient is the view's own gradient buffer, no copy
                                    (none of its elements -0 or a signalling NaN, which the
                                    copy's 0 + g would change) */
+    uint64_t grad_rows_split;   /* tied tables' weight gradients rounded by their GEMM as it stored
+                                   them, but for the rows their lookups add to (kept in f32 till
+                                   then): dtrain's AMX GEMM, a lazily zeroed bf16 gradient */
 } dt_ag_stats;
 /* Copy ctx's counters into *out (zeros for a NULL ctx). */
 DT_API void dt_ag_stats_get(const dt_ctx *ctx, dt_ag_stats *out);

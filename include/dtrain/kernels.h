@@ -151,6 +151,22 @@ DT_API dt_status dt_k_matmul_batched_lp(bool trans_a, bool trans_b, int64_t batc
  * product. *finite is false when the call fails. */
 DT_API dt_status dt_k_matmul_lp_checked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                                         const void *A, const void *B, dt_dtype t, void *C, bool *finite);
+/* dt_k_matmul_lp_checked with the result's rows split: row r with keep[r]
+ * >= 0 is stored in f32 as row keep[r] of Ck (N floats a row: what
+ * dt_k_matmul's f32 C holds there), every other row rounded to t into C
+ * (M x N) as dt_k_matmul_lp_checked rounds it; *finite covers every value
+ * stored, in either. For a weight gradient of which a few rows receive
+ * later contributions (a tied embedding's lookup) before they are rounded:
+ * the other rows are final as stored, with no f32 M x N result. Where
+ * dt_k_matmul_splits_rows says so the GEMM's epilogue splits them as it
+ * stores; elsewhere an f32 result is allocated, multiplied into, then
+ * copied or rounded row by row. */
+DT_API dt_status dt_k_matmul_lp_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                     const void *A, const void *B, dt_dtype t, void *C, const int32_t *keep,
+                                     float *Ck, bool *finite);
+/* Whether dt_k_matmul_lp_rows splits the rows in the GEMM itself here
+ * (dtrain's AMX GEMM runs this product: see dt_k_matmul_amx). */
+DT_API bool dt_k_matmul_splits_rows(dt_dtype t, int64_t M, int64_t N, int64_t K);
 /* Whether dt_k_matmul_batched_lp writes its t result directly here: oneDNN
  * has a native t matmul on this CPU, or (bf16) dtrain's AMX GEMM runs
  * every bf16 product (DT_AMX_GEMM=on); it rounds its f32 sums to bf16 as

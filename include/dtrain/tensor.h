@@ -97,6 +97,7 @@ enum {
 typedef struct dt_tensor dt_tensor;
 typedef struct dt_ctx dt_ctx;
 struct dt__node;
+struct dt__grad_rows;
 
 /* Grad-ready hook: called during backward once `leaf`'s gradient for this
  * backward pass is complete (leaf->grad holds the accumulated sum). A
@@ -122,6 +123,8 @@ struct dt_tensor {
     struct { dt_grad_hook_fn fn; void *ud; } hooks_[DT_MAX_GRAD_HOOKS];
     float *gacc_;                    /* f32 accumulator of a leaf whose grad is not f32 */
     uint64_t gacc_epoch_;            /* backward pass gacc_ belongs to */
+    struct dt__grad_rows *gacc_rows_; /* NULL, or the only rows of gacc_ that hold sums (the others'
+                                        rounded sums are in grad already: autograd's grad.c) */
     void *glp_;                      /* bf16/f16 copy of a temporary's f32 gradient ... */
     const void *glp_of_;             /* ... of this gradient buffer, */
     uint64_t glp_epoch_;             /* in this backward pass, */

@@ -162,6 +162,21 @@ void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt);
  * another contribution begins. */
 void dt__grad_gemm_lp_done(dt_tensor *t, bool finite);
 
+/* For a GEMM (node self) that writes a low-precision parameter t's gradient
+ * [M, N] over K, t lazily zero (DT_TENSOR_GRAD_LAZY, no f32 accumulator
+ * live), when every other use of t pending in this walk is an embedding
+ * lookup of it (a tied head's weight, whose lookup's backward adds to the
+ * rows it looked up) and dt_k_matmul_splits_rows(gt, M, N, K): returns 1
+ * with *grad t's gradient data (dtype gt), *acc t's f32 accumulator and
+ * *keep the rows map for dt_k_matmul_lp_rows (row r kept at row r of *acc
+ * when a lookup touches it). The GEMM rounds the other rows, final, into
+ * *grad; the lookups add to the kept rows in *acc, and t's flush rounds
+ * only those. 0: not so (use dt__grad_gemm); negative: an error. */
+int dt__grad_gemm_rows(dt_ctx *ctx, const dt__node *self, dt_tensor *t, dt_dtype gt, int64_t M, int64_t N,
+                       int64_t K, void **grad, float **acc, const int32_t **keep);
+/* After that GEMM: whether every value it stored was finite. */
+void dt__grad_gemm_rows_done(dt_tensor *t, bool finite);
+
 /* Contiguous f32 output temporary of the given shape. */
 dt_tensor *dt__out(dt_ctx *ctx, int ndim, const int64_t *shape);
 /* Contiguous f32 data of x: x->data if contiguous, else an arena copy. */

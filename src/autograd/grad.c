@@ -51,6 +51,7 @@ static float *lp_acc(dt_ctx *ctx, dt_tensor *t, bool zero)
         memset(a, 0, nb);
     t->gacc_ = a;
     t->gacc_epoch_ = ctx->epoch;
+    t->gacc_rows_ = NULL; /* every row of it */
     return a;
 }
 
@@ -101,6 +102,33 @@ static dt_status lp_write(uint16_t *g, dt_dtype gt, const float *acc, int64_t n,
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", "lp_write") : DT_OK;
 }
 
+/* A leaf's kept rows (dt__grad_gemm_rows), in the arena of the pass. */
+struct dt__grad_rows {
+    int64_t n;      /* rows */
+    bool finite;    /* every value the GEMM stored was finite */
+    int64_t row[];  /* sorted */
+};
+
+/* The kept rows of t's accumulator (dt__grad_gemm_rows) rounded into its
+ * lazily zero gradient, whose other rows the GEMM wrote. */
+static dt_status lp_write_rows(dt_tensor *t)
+{
+    const struct dt__grad_rows *kr = t->gacc_rows_;
+    const int64_t D = t->ndim == 2 ? t->shape[1] : 0, nr = kr->n;
+    const dt_dtype gt = t->grad->dtype;
+    const size_t es = dt_dtype_size(gt);
+    int bad = 0, inf = 0;
+#pragma omp parallel for schedule(static) if (nr * D > 65536) reduction(| : bad, inf)
+    for (int64_t i = 0; i < nr; i++) {
+        char *g = (char *)t->grad->data + (size_t)(kr->row[i] * D) * es;
+        bad |= dt_k_convert(t->gacc_ + kr->row[i] * D, DT_F32, g, gt, D) < 0;
+        inf |= dt_k_first_nonfinite(g, gt, D) < D;
+    }
+    t->gfinite_ = !bad && !inf && kr->finite;
+    t->gacc_rows_ = NULL;
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", "lp_write_rows") : DT_OK;
+}
+
 dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
 {
     const bool lazy = (t->flags & DT_TENSOR_GRAD_LAZY) != 0;
@@ -112,7 +140,10 @@ dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
     dt_dtype gt = t->grad->dtype;
     int64_t n = dt_tensor_numel(t);
     dt_status st;
-    if (lazy) { /* the stale buffer reads as zero: the sum rounded over it */
+    if (t->gacc_rows_) { /* lazy (dt__grad_gemm_rows asks it) */
+        t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
+        st = lp_write_rows(t);
+    } else if (lazy) { /* the stale buffer reads as zero: the sum rounded over it */
         t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
         st = lp_write(t->grad->data, gt, t->gacc_, n, &t->gfinite_);
     } else {
@@ -325,6 +356,85 @@ void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt)
 }
 
 void dt__grad_gemm_lp_done(dt_tensor *t, bool finite) { t->gfinite_ = finite; }
+
+/* The node's uses of t as an input that takes part in autograd. */
+static int uses_of(const dt__node *n, const dt_tensor *t)
+{
+    int u = 0;
+    for (int j = 0; j < n->nin; j++)
+        u += n->in[j] == t && dt__rg(t);
+    return u;
+}
+
+int dt__grad_gemm_rows(dt_ctx *ctx, const dt__node *self, dt_tensor *t, dt_dtype gt, int64_t M, int64_t N,
+                       int64_t K, void **grad, float **acc, const int32_t **keep)
+{
+    dt_tensor *g = t->grad;
+    if (!g || g->dtype != gt || gt == DT_F32 || (t->flags & DT_TENSOR_TEMP) || !(t->flags & DT_TENSOR_GRAD_LAZY) ||
+        lp_acc_live(ctx, t) || t->epoch_ != ctx->epoch || !dt_tensor_is_contiguous(g) || t->ndim != 2 ||
+        t->shape[0] != M || t->shape[1] != N || M > INT32_MAX || ctx->split_input || ctx->walk_lo != 0 ||
+        !dt_k_matmul_splits_rows(gt, M, N, K))
+        return 0;
+    /* the uses still to come are the walk's needed nodes below self: all lookups of t, no checkpoint region
+     * (whose recomputation would bring uses not counted yet) */
+    int64_t left = t->pending_ - uses_of(self, t), found = 0;
+    if (left <= 0 || self->idx >= ctx->tape_len || ctx->tape[self->idx] != self)
+        return 0;
+    for (size_t k = 0; k < self->idx; k++) {
+        const dt__node *n = ctx->tape[k];
+        if (n->mark)
+            return 0;
+        int u = n->needed ? uses_of(n, t) : 0;
+        if (!u)
+            continue;
+        if (n->op != DT_OP_EMBEDDING || n->in[0] != t || u != 1 || !n->saved[1])
+            return 0;
+        found++;
+    }
+    if (found != left)
+        return 0;
+    int32_t *map = dt_arena_alloc(ctx->arena, (size_t)M * sizeof(int32_t) + 4);
+    if (!map)
+        return dt_last_status();
+    for (int64_t r = 0; r < M; r++)
+        map[r] = -1;
+    int64_t nr = 0;
+    for (size_t k = 0; k < self->idx; k++) {
+        const dt__node *n = ctx->tape[k];
+        if (!n->needed || !uses_of(n, t))
+            continue;
+        const int64_t *ids = n->saved[0];
+        for (int64_t i = 0; i < n->i[0]; i++)
+            if (map[ids[i]] < 0) {
+                map[ids[i]] = (int32_t)ids[i];
+                nr++;
+            }
+    }
+    struct dt__grad_rows *kr = dt_arena_alloc(ctx->arena, sizeof *kr + (size_t)nr * sizeof(int64_t));
+    if (!kr)
+        return dt_last_status();
+    kr->n = nr;
+    kr->finite = false;
+    for (int64_t r = 0, i = 0; r < M; r++)
+        if (map[r] >= 0)
+            kr->row[i++] = r;
+    shadow_drop(ctx, t);
+    float *a = lp_acc(ctx, t, false);
+    if (!a)
+        return dt_last_status();
+    t->gacc_rows_ = kr;
+    *grad = g->data;
+    *acc = a;
+    *keep = map;
+    ctx->ag_stats.grad_rows_split++;
+    return 1;
+}
+
+void dt__grad_gemm_rows_done(dt_tensor *t, bool finite)
+{
+    if (t->gacc_rows_)
+        t->gacc_rows_->finite = finite;
+}
 
 bool dt_ag_grad_checked_finite(const dt_tensor *leaf) { return leaf && leaf->gfinite_; }
 

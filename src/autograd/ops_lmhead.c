@@ -80,10 +80,21 @@ dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
     const size_t es = dt_dtype_size(s->t);
     float bx = 0.0f, bw = 0.0f;
     float *gx = dt__rg(n->in[0]) ? dt__grad_gemm(ctx, n->in[0], &bx) : NULL;
-    float *gw = dt__rg(n->in[1]) ? dt__grad_gemm(ctx, n->in[1], &bw) : NULL;
+    const int64_t nc = nchunks(s);
+    /* a tied weight (one chunk): dW rounded into its gradient as the GEMM stores it, but for the rows its
+     * lookup's backward adds to, which stay f32 (dt__grad_gemm_rows) */
+    void *gw_lp = NULL;
+    const int32_t *keep = NULL;
+    float *gw = NULL;
+    int split = dt__rg(n->in[1]) && nc == 1 && s->t != DT_F32
+                   ? dt__grad_gemm_rows(ctx, n, n->in[1], s->t, s->V, s->C, s->N, &gw_lp, &gw, &keep)
+                   : 0;
+    if (split < 0)
+        return split;
+    if (!split && dt__rg(n->in[1]))
+        gw = dt__grad_gemm(ctx, n->in[1], &bw);
     if ((dt__rg(n->in[0]) && !gx) || (dt__rg(n->in[1]) && !gw))
         return dt_last_status();
-    const int64_t nc = nchunks(s);
     dt_status st = DT_OK;
     for (int64_t c = nc - 1; c >= 0 && st == DT_OK; c--) {
         int64_t r0 = c * s->rows, rc = r0 + s->rows < s->N ? s->rows : s->N - r0;
@@ -104,7 +115,11 @@ dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
         const char *Xc = s->X + (size_t)(r0 * s->C) * es;
         if (gx) /* dx[chunk] = dlogits W: rows of their own, the same beta for every chunk */
             st = dt_k_matmul(false, false, rc, s->C, s->V, 1.0f, G, s->W, s->t, bx, gx + r0 * s->C, NULL);
-        if (st == DT_OK && gw) { /* dW += dlogits^T x[chunk] */
+        if (st == DT_OK && split) {
+            bool fin = false;
+            st = dt_k_matmul_lp_rows(true, false, s->V, s->C, rc, G, Xc, s->t, gw_lp, keep, gw, &fin);
+            dt__grad_gemm_rows_done(n->in[1], fin);
+        } else if (st == DT_OK && gw) { /* dW += dlogits^T x[chunk] */
             st = dt_k_matmul(true, false, s->V, s->C, rc, 1.0f, G, Xc, s->t, bw, gw, NULL);
             bw = 1.0f;
         }

@@ -248,13 +248,29 @@ static dt_status bw_dense(dt_ctx *ctx, dt__node *n, const float *gout, const flo
             return st;
     }
     void *gwl = t != DT_F32 && dt__rg(n->in[1]) ? dt__grad_gemm_lp(ctx, n->in[1], t) : NULL;
-    if (gwl) { /* the weight's only contribution, rounded into its gradient as it is stored and checked */
+    /* else a tied table's (its other uses lookups): rounded as stored but for the looked-up rows */
+    float *gwa = NULL;
+    const int32_t *keep = NULL;
+    const int split = !gwl && t != DT_F32 && dt__rg(n->in[1])
+                         ? dt__grad_gemm_rows(ctx, n, n->in[1], t, wt ? Out : In, wt ? In : Out, R, &gwl, &gwa, &keep)
+                         : 0;
+    if (split < 0)
+        return split;
+    if (gwl) { /* the weight's only contribution (or the tied table's), rounded into its gradient as it is
+                * stored and checked */
         bool finite;
-        st = wt ? dt_k_matmul_lp_checked(true, false, Out, In, R, G, X, t, gwl, &finite)
-                : dt_k_matmul_lp_checked(true, false, In, Out, R, X, G, t, gwl, &finite);
+        if (split)
+            st = wt ? dt_k_matmul_lp_rows(true, false, Out, In, R, G, X, t, gwl, keep, gwa, &finite)
+                    : dt_k_matmul_lp_rows(true, false, In, Out, R, X, G, t, gwl, keep, gwa, &finite);
+        else
+            st = wt ? dt_k_matmul_lp_checked(true, false, Out, In, R, G, X, t, gwl, &finite)
+                    : dt_k_matmul_lp_checked(true, false, In, Out, R, X, G, t, gwl, &finite);
         if (st < 0)
             return st;
-        dt__grad_gemm_lp_done(n->in[1], finite);
+        if (split)
+            dt__grad_gemm_rows_done(n->in[1], finite);
+        else
+            dt__grad_gemm_lp_done(n->in[1], finite);
     } else if (dt__rg(n->in[1])) { /* gW = g^T X [out, in] (linear) or X^T g [in, out] (addmm) */
         float *gw = dt__grad_gemm(ctx, n->in[1], &beta);
         if (!gw)

@@ -428,6 +428,8 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
     int saved_scratch = ctx->scratch_floor; /* the enclosing node's scratch is its own */
     ctx->child_floor = ctx->tape_len;
     ctx->scratch_floor = ctx->nscratch;
+    const size_t saved_lo = ctx->walk_lo;
+    ctx->walk_lo = lo;
     ctx->in_backward = true;
     for (size_t k = start + 1; k-- > lo;) {
         dt__node *n = ctx->tape[k];
@@ -453,6 +455,7 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
         dt__grad_drop(ctx, ctx->split_input ? NULL : n->out); /* passed on, unless queued with n */
     }
     ctx->in_backward = nested;
+    ctx->walk_lo = saved_lo;
     ctx->child_floor = saved_floor;
     ctx->nscratch = ctx->scratch_floor; /* none left but after an error: forgotten (a checkpoint's rewind may
                                            hand that memory out again) */

@@ -84,6 +84,10 @@
  * (as dt_f32_to_bf16 rounds), 16 lanes at a time with AVX-512 (separate
  * multiplies and adds, so the scalar loop's bits), so beta = 1 accumulates
  * gradients and the bias (and GELU) of a linear layer cost no extra pass.
+ * Asked (args.keep), rows of a bf16 result go to an f32 one instead: a
+ * tied embedding's gradient, of which a later lookup's backward adds to
+ * a few rows before they are rounded (the others are final as the GEMM
+ * rounds them: no f32 [V, C] result goes through memory).
  * Asked (args.finite), it also notes whether a value it stores is inf or
  * NaN (exponent bits all ones, of the bf16 value for Cb): a weight's
  * gradient is so checked as it is written, instead of by a read pass over
@@ -494,6 +498,7 @@ static bool epilogue_s(const dt__amx_gemm_args *g, const float *acc, int64_t ld,
         for (int64_t c = 0; c < cols; c++) {
             /* the result's row and column: (m0 + i, n0 + c), or transposed (ct) */
             const int64_t r = ct ? n0 + c : m0 + i, k = ct ? m0 + i : n0 + c, o = r * g->ldc + k;
+            const bool kept = g->keep && g->keep[r] >= 0; /* never with ct (see dt__amx_gemm) */
             float v = g->alpha * acc[i * ld + c];
             if (g->beta != 0.0f)
                 v += g->beta * g->C[o];
@@ -501,7 +506,10 @@ static bool epilogue_s(const dt__amx_gemm_args *g, const float *acc, int64_t ld,
                 v += g->bias[k];
             if (g->act == DT__AMX_ACT_GELU_TANH)
                 v = gelu_tanh(v);
-            if (g->Cb) {
+            if (kept) {
+                g->Ck[g->keep[r] * g->ldc + k] = v;
+                bad |= !isfinite(v);
+            } else if (g->Cb) {
                 g->Cb[o] = dt_f32_to_bf16(v);
                 bad |= (g->Cb[o] & 0x7f80) == 0x7f80; /* exponent all ones: inf or NaN */
             } else {
@@ -513,34 +521,34 @@ static bool epilogue_s(const dt__amx_gemm_args *g, const float *acc, int64_t ld,
 }
 
 #if DT__X86_VEC
-/* 16 sums v into the result at element o (its columns k .. k + 15, lanes
- * m) with epilogue_s's operations in its order, so its bits: alpha v (+
- * beta C) (+ bias), into C, or rounded into Cb (st: a streaming store of
- * whole lines). Returns the lanes stored non-finite when g->finite asks
- * (exponent bits all ones), else 0. */
-DT__AVX512 static inline __mmask16 out16(const dt__amx_gemm_args *g, __m512 v, int64_t o, int64_t k, __mmask16 m,
-                                         bool st)
+/* 16 sums v into the result at its columns k .. k + 15 (lanes m) with
+ * epilogue_s's operations in its order, so its bits: alpha v (+ beta c)
+ * (+ bias), into c (f32) when cb is NULL, else rounded into cb (st: a
+ * streaming store of whole lines). Returns the lanes stored non-finite
+ * when g->finite asks (exponent bits all ones), else 0. */
+DT__AVX512 static inline __mmask16 out16(const dt__amx_gemm_args *g, __m512 v, float *c, uint16_t *cb, int64_t k,
+                                         __mmask16 m, bool st)
 {
     v = _mm512_mul_ps(_mm512_set1_ps(g->alpha), v);
     if (g->beta != 0.0f)
-        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(g->beta), _mm512_maskz_loadu_ps(m, g->C + o)));
+        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(g->beta), _mm512_maskz_loadu_ps(m, c)));
     if (g->bias)
         v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, g->bias + k));
-    if (!g->Cb) {
+    if (!cb) {
         if (m == 0xffff)
-            _mm512_storeu_ps(g->C + o, v);
+            _mm512_storeu_ps(c, v);
         else
-            _mm512_mask_storeu_ps(g->C + o, m, v);
+            _mm512_mask_storeu_ps(c, m, v);
         const __m512i e = _mm512_set1_epi32(0x7f800000);
         return g->finite ? _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_castps_si512(v), e), e) : 0;
     }
     const __m256i h = dt__bf16_pack16(dt__bf16_round16(v));
     if (st)
-        _mm256_stream_si256((__m256i *)(void *)(g->Cb + o), h);
+        _mm256_stream_si256((__m256i *)(void *)cb, h);
     else if (m == 0xffff)
-        _mm256_storeu_si256((__m256i *)(void *)(g->Cb + o), h);
+        _mm256_storeu_si256((__m256i *)(void *)cb, h);
     else
-        _mm256_mask_storeu_epi16(g->Cb + o, m, h);
+        _mm256_mask_storeu_epi16(cb, m, h);
     const __m256i e = _mm256_set1_epi16(0x7f80);
     return g->finite ? _mm256_mask_cmpeq_epi16_mask(m, _mm256_and_si256(h, e), e) : 0;
 }
@@ -554,10 +562,14 @@ DT__AVX512 static bool epilogue_v(const dt__amx_gemm_args *g, const float *acc, 
     __mmask16 bad = 0;
     for (int64_t i = 0; i < rows; i++) {
         const int64_t o = (m0 + i) * g->ldc + n0;
-        const bool st = stream && g->Cb && cols % 32 == 0 && ((uintptr_t)(g->Cb + o) & 63) == 0; /* whole lines */
+        const bool kept = g->keep && g->keep[m0 + i] >= 0;
+        float *c32 = kept ? g->Ck + g->keep[m0 + i] * g->ldc + n0 : g->C ? g->C + o : NULL;
+        uint16_t *cb = kept || !g->Cb ? NULL : g->Cb + o;
+        const bool st = stream && cb && cols % 32 == 0 && ((uintptr_t)cb & 63) == 0; /* whole lines */
         for (int64_t c = 0; c < cols; c += 16) {
             __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1);
-            bad |= out16(g, _mm512_maskz_loadu_ps(m, acc + i * ld + c), o + c, n0 + c, m, st);
+            bad |= out16(g, _mm512_maskz_loadu_ps(m, acc + i * ld + c), c32 ? c32 + c : NULL, cb ? cb + c : NULL,
+                         n0 + c, m, st);
         }
     }
     return bad != 0;
@@ -586,8 +598,11 @@ DT__AVX512 static bool epilogue_vt(const dt__amx_gemm_args *g, const float *acc,
             for (int i = 0; i < 16; i++)
                 r[i] = i < ni ? _mm512_maskz_loadu_epi32(mc, acc + (i0 + i) * ld + c0) : _mm512_setzero_si512();
             tr16(r);
-            for (int c = 0; c < nc; c++)
-                bad |= out16(g, _mm512_castsi512_ps(r[c]), (n0 + c0 + c) * g->ldc + m0 + i0, m0 + i0, mi, false);
+            for (int c = 0; c < nc; c++) {
+                const int64_t o = (n0 + c0 + c) * g->ldc + m0 + i0;
+                bad |= out16(g, _mm512_castsi512_ps(r[c]), g->C ? g->C + o : NULL, g->Cb ? g->Cb + o : NULL,
+                             m0 + i0, mi, false);
+            }
         }
     return bad != 0;
 }
@@ -758,6 +773,8 @@ static dt_status check_args(const char *fn, const dt__amx_gemm_args *g)
     DT__CHECK_N(fn, g->N);
     DT__CHECK_N(fn, g->K);
     DT__CHECK_PTR(fn, g->A, g->M * g->K);
+    if (g->keep && (!g->Cb || !g->Ck))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: kept rows (keep) need a bf16 result (Cb) and an f32 one (Ck)", fn);
     if (g->Cb) {
         if (g->C || g->beta != 0.0f)
             return dt_error(DT_ERR_INVALID_ARG, "%s: a bf16 result (Cb) takes C NULL and beta 0", fn);
@@ -986,7 +1003,7 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
      * threads, GPT-2's bf16 step at B=4 T=64 (256 rows; its input
      * gradients and the LM head's logits so): 385 -> 373 ms, the forward
      * 99 -> 92, interleaved, 4 rounds. */
-    if (g->tb && !g->ta && !g->pb && g->act == DT__AMX_ACT_NONE && g->K > 0 && g->M <= SWAP_ROWS &&
+    if (g->tb && !g->ta && !g->pb && g->act == DT__AMX_ACT_NONE && !g->keep && g->K > 0 && g->M <= SWAP_ROWS &&
         g->N >= 2 * g->M)
         return gemm_transposed(tiles, g);
     /* A^T B with K in chunks and more rows than columns (a weight
@@ -1001,8 +1018,8 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
      * threads, 3 rounds interleaved: 3072 x 768 x 2048 5.8-6.2 -> 4.3-5.0
      * ms. With K in one chunk (K = 256) the other way round was slower
      * (768 x 3072 x 256 transposed 0.79-0.93 -> 0.97-1.03), so not there. */
-    if (g->ta && !g->tb && !g->pb && g->act == DT__AMX_ACT_NONE && cdiv(g->K, KSTEP) > KC_ONE && g->M > g->N &&
-        g->M <= 4096)
+    if (g->ta && !g->tb && !g->pb && g->act == DT__AMX_ACT_NONE && !g->keep && cdiv(g->K, KSTEP) > KC_ONE &&
+        g->M > g->N && g->M <= 4096)
         return gemm_transposed(tiles, g);
     return gemm_run(tiles, g, false);
 }
@@ -1170,6 +1187,23 @@ bool dt__amx_use(int64_t M, int64_t N, int64_t K)
 }
 
 bool dt_k_matmul_amx(const char **why) { return dt__amx_active(why); }
+
+dt_status dt__amx_matmul_rows(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, const void *B,
+                              uint16_t *Cb, const int32_t *keep, float *Ck, bool *finite)
+{
+    const dt__amx_tiles *tiles = dt__amx_tiles_hw(NULL);
+    if (!tiles)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_k_matmul_lp_rows: AMX is not usable here");
+    dt__amx_gemm_args g = {
+        .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .A = A, .lda = ta ? M : K, .B = B, .ldb = tb ? K : N,
+        .alpha = 1.0f, .Cb = Cb, .ldc = N, .keep = keep, .Ck = Ck, .finite = finite,
+        .stream = M * N >= ((int64_t)32 << 20), /* as dt__amx_matmul_batched's */
+    };
+    dt_status st = dt__amx_gemm(tiles, &g);
+    if (st < 0)
+        *finite = false;
+    return st;
+}
 
 dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                                  const void *A, int64_t sa, const void *B, int64_t sb, float beta, void *C,

@@ -46,6 +46,9 @@ typedef struct {
     dt__amx_act act;              /* applied last */
     bool stream;                  /* Cb written with streaming stores where its rows allow (a result
                                    * too large to stay in the caches: no read of its lines first) */
+    const int32_t *keep;          /* NULL, or (with Cb) M entries: row r with keep[r] >= 0 goes in f32
+                                   * to Ck + keep[r] ldc (as C would hold it), not rounded into Cb */
+    float *Ck;                    /* the kept rows' f32 result (with keep) */
     bool *finite;                 /* NULL, or set to whether every value stored is finite (no inf or
                                    * NaN in C, or in Cb after rounding), checked by the epilogue as it
                                    * stores them (a plain product then takes the epilogue too) */
@@ -101,6 +104,12 @@ bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K);
 dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                                  const void *A, int64_t sa, const void *B, int64_t sb, float beta, void *C,
                                  bool c_bf16, int64_t sc, const float *bias, bool *finite);
+
+/* dt_k_matmul_lp_rows on the real instructions (arguments as there, already
+ * checked; Cb bf16): the kept rows' f32 sums into Ck, the others rounded
+ * into Cb, both checked as stored (*finite). */
+dt_status dt__amx_matmul_rows(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, const void *B,
+                              uint16_t *Cb, const int32_t *keep, float *Ck, bool *finite);
 
 /* For tests: whether the calling thread holds a tile configuration of the
  * driver's now (always false between calls). */

@@ -782,6 +782,58 @@ dt_status dt_k_matmul_lp_checked(bool ta, bool tb, int64_t M, int64_t N, int64_t
     return mm_lp("dt_k_matmul_lp_checked", ta, tb, 1, M, N, K, 1.0f, A, 0, B, 0, t, C, 0, NULL, finite);
 }
 
+bool dt_k_matmul_splits_rows(dt_dtype t, int64_t M, int64_t N, int64_t K)
+{
+    return t == DT_BF16 && M > 0 && N > 0 && K > 0 && mm_amx(t, M, N, K);
+}
+
+dt_status dt_k_matmul_lp_rows(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, const void *B,
+                              dt_dtype t, void *C, const int32_t *keep, float *Ck, bool *finite)
+{
+    const char *fn = "dt_k_matmul_lp_rows";
+    if (!finite)
+        return dt_error(DT_ERR_NULL, "%s: finite is NULL", fn);
+    *finite = false;
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    dt_status st = mm_check(fn, ta, tb, 1, M, N, K, A, 0, B, 0, t, C, 0);
+    if (st < 0)
+        return st;
+    if (M > 0 && (!keep || !Ck))
+        return dt_error(DT_ERR_NULL, "%s: keep or Ck is NULL", fn);
+    if (M == 0 || N == 0) {
+        *finite = true;
+        return DT_OK;
+    }
+    const double t0 = mm_record_t0();
+    if (dt_k_matmul_splits_rows(t, M, N, K)) {
+        st = dt__amx_matmul_rows(ta, tb, M, N, K, A, B, C, keep, Ck, finite);
+    } else { /* the f32 product, its rows copied or rounded */
+        float *tmp = dt_alloc((size_t)(M * N) * sizeof(float));
+        if (!tmp)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for an f32 result of %lld elements", fn,
+                            (long long)(M * N));
+        st = mm_batched(ta, tb, 1, M, N, K, 1.0f, A, 0, B, 0, t, 0.0f, tmp, 0, NULL);
+        bool fin = true;
+        for (int64_t r = 0; r < M && st >= 0; r++) {
+            const float *row = tmp + r * N;
+            if (keep[r] >= 0) {
+                memcpy(Ck + keep[r] * N, row, (size_t)N * sizeof(float));
+                for (int64_t j = 0; j < N; j++)
+                    fin = fin && isfinite(row[j]);
+            } else {
+                uint16_t *cr = (uint16_t *)C + r * N;
+                st = dt_k_convert(row, DT_F32, cr, t, N);
+                fin = fin && dt_k_first_nonfinite(cr, t, N) == N;
+            }
+        }
+        dt_free(tmp);
+        *finite = st >= 0 && fin;
+    }
+    mm_record(t0, ta, tb, 1, M, N, K, 1.0f, 0, 0, t, 0.0f, t, 0, NULL);
+    return st;
+}
+
 dt_status dt_k_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                       const void *B, dt_dtype t, float beta, float *C, const float *bias)
 {

@@ -28,6 +28,7 @@ struct dt_ctx {
      * since the enclosing walk began (index >= child_floor) and shares its
      * epoch, so leaf use counts of both passes add up. */
     size_t child_floor;
+    size_t walk_lo; /* the running walk's first node (0 but in a nested walk: its child_floor) */
     uint64_t epoch;
     dt_dtype autocast; /* DT_F32 = off, or DT_BF16 / DT_F16 (precision.h) */
     /* Split backward (dt_backward_input / dt_backward_weight): while

@@ -646,6 +646,91 @@ TEST(finite_check)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* args.keep: the rows it keeps go in f32 to their rows of Ck, bit for bit
+ * the same call's f32 result (alpha, bias and GELU applied), every other
+ * row rounded into Cb as the bf16 result rounds it; a kept row's Cb and an
+ * unkept row's Ck untouched. Shapes: edges and K tails, both transposes, a
+ * weight gradient's A^T B with many rows (its rows of A^T private to the
+ * macro blocks), A^T B with K in chunks and more rows than columns, and a
+ * few rows against many columns of B^T (those two run transposed without
+ * keep; with it they must not). The finite check covers both: a kept
+ * row's overflow and an unkept one's each make it false. */
+TEST(kept_rows)
+{
+    typedef struct {
+        int64_t M, N, K;
+        bool ta, tb, bias, gelu;
+    } kc;
+    static const kc cs[] = {
+        {33, 47, 31, false, false, false, false}, {70, 300, 100, false, false, true, false},
+        {17, 33, 65, false, false, true, true},   {1100, 64, 40, true, false, false, false},
+        {300, 100, 805, true, false, false, false}, {40, 200, 64, false, true, false, false},
+        {64, 64, 64, true, true, false, false},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        for (int poison = 0; poison < 3; poison++) { /* none, a kept row, an unkept row */
+            const kc c = cs[i];
+            const int64_t M = c.M, N = c.N, K = c.K;
+            uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N);
+            uint16_t *Cb = malloc((size_t)(M * N) * 2);
+            float *C = malloc((size_t)(M * N) * 4), *Ck = malloc((size_t)(M * N) * 4);
+            float *bias = c.bias ? f32_rand(N) : NULL;
+            int32_t *keep = malloc((size_t)M * sizeof *keep);
+            int64_t nk = 0;
+            for (int64_t r = 0; r < M; r++)
+                keep[r] = r % 3 == 1 || r == M - 1 ? (int32_t)nk++ : -1;
+            for (int64_t r = 0; r < M; r++) /* kept rows in reverse order in Ck */
+                if (keep[r] >= 0)
+                    keep[r] = (int32_t)(nk - 1 - keep[r]);
+            for (int64_t j = 0; j < M * N; j++)
+                Cb[j] = 0x7fc1, Ck[j] = -7.0f;
+            if (poison) { /* the row's sums overflow: row M - 1 is kept, row 0 is not */
+                const int64_t r = poison == 1 ? M - 1 : 0;
+                for (int64_t k = 0; k < K; k++) {
+                    A[c.ta ? k * M + r : r * K + k] = dt_f32_to_bf16(1e37f * (k % 2 ? 3.0f : 2.5f));
+                    B[c.tb ? k : k * N] = dt_f32_to_bf16(40.0f); /* and column 0 of B positive */
+                }
+            }
+            dt__amx_gemm_args g = {.ta = c.ta, .tb = c.tb, .M = M, .N = N, .K = K, .A = A, .lda = c.ta ? M : K,
+                                   .B = B, .ldb = c.tb ? K : N, .alpha = c.bias ? 0.75f : 1.0f, .C = C, .ldc = N,
+                                   .bias = bias, .act = c.gelu ? DT__AMX_ACT_GELU_TANH : DT__AMX_ACT_NONE};
+            int bad = dt__amx_gemm(g_tiles, &g) != DT_OK;
+            bool fin = true;
+            g.C = NULL, g.Cb = Cb, g.keep = keep, g.Ck = Ck, g.finite = &fin;
+            bad |= dt__amx_gemm(g_tiles, &g) != DT_OK;
+            for (int64_t r = 0; r < M && !bad; r++)
+                for (int64_t j = 0; j < N && !bad; j++) {
+                    const float want = C[r * N + j];
+                    const bool ok = keep[r] >= 0 ? memcmp(&Ck[keep[r] * N + j], &want, 4) == 0 && Cb[r * N + j] == 0x7fc1
+                                                 : Cb[r * N + j] == dt_f32_to_bf16(want);
+                    if (!ok) {
+                        fprintf(stderr, "  case %zu poison %d: row %lld (kept %d) column %lld differs\n", i, poison,
+                                (long long)r, keep[r], (long long)j);
+                        bad = 1;
+                    }
+                }
+            for (int64_t j = nk * N; j < M * N && !bad; j++)
+                bad = Ck[j] != -7.0f; /* past the kept rows: untouched */
+            if (bad || fin != !poison) {
+                fprintf(stderr, "  case %zu poison %d: finite %d, results %s\n", i, poison, (int)fin,
+                        bad ? "differ or failed" : "equal");
+                fails++;
+            }
+            free(A), free(B), free(Cb), free(C), free(Ck), free(bias), free(keep);
+        }
+    /* refused: keep without Cb, or without Ck */
+    uint16_t a = 0, b = 0, cb = 0;
+    float c = 0;
+    int32_t k0 = 0;
+    dt__amx_gemm_args g = {.M = 1, .N = 1, .K = 1, .A = &a, .lda = 1, .B = &b, .ldb = 1, .alpha = 1.0f, .C = &c,
+                           .ldc = 1, .keep = &k0, .Ck = &c};
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_ERR_INVALID_ARG);
+    g.C = NULL, g.Cb = &cb, g.Ck = NULL;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_ERR_INVALID_ARG);
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(direct_a_strides)
 {
     /* op(A) = A is read in place with its own row stride: odd leading
@@ -862,6 +947,49 @@ TEST(dispatch_never_emulated)
     ASSERT(err < 1e-5);
 }
 
+TEST(lp_rows_dispatch)
+{
+    /* dt_k_matmul_lp_rows, wherever it runs (split by the AMX GEMM's
+     * epilogue where dt_k_matmul_splits_rows, else an f32 result copied or
+     * rounded row by row): kept rows bit for bit dt_k_matmul's f32 result,
+     * the others that rounded as dt_k_convert rounds; 512 x 256 x 1024 is
+     * 2^27 multiply-adds (the auto rule's least), 40 x 50 x 30 is not */
+    static const int64_t shp[][3] = {{512, 256, 1024}, {40, 50, 30}};
+    for (size_t i = 0; i < 2; i++)
+        for (int ta = 0; ta < 2; ta++) {
+            const int64_t M = shp[i][0], N = shp[i][1], K = shp[i][2];
+            uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N), *Cb = malloc((size_t)(M * N) * 2),
+                     *want = malloc((size_t)(M * N) * 2);
+            float *C = malloc((size_t)(M * N) * 4), *Ck = malloc((size_t)(M * N) * 4);
+            int32_t *keep = malloc((size_t)M * sizeof *keep);
+            for (int64_t r = 0; r < M; r++)
+                keep[r] = r % 5 == 2 ? (int32_t)r : -1;
+            ASSERT_EQ_INT(dt_k_matmul(ta, false, M, N, K, 1.0f, A, B, DT_BF16, 0.0f, C, NULL), DT_OK);
+            ASSERT_EQ_INT(dt_k_convert(C, DT_F32, want, DT_BF16, M * N), DT_OK);
+            bool fin = false;
+            ASSERT_EQ_INT(dt_k_matmul_lp_rows(ta, false, M, N, K, A, B, DT_BF16, Cb, keep, Ck, &fin), DT_OK);
+            ASSERT(fin);
+            int64_t bad = 0;
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t j = 0; j < N; j++)
+                    bad += keep[r] >= 0 ? memcmp(&Ck[r * N + j], &C[r * N + j], 4) != 0
+                                        : Cb[r * N + j] != want[r * N + j];
+            ASSERT_EQ_INT((int)bad, 0);
+            free(A), free(B), free(Cb), free(want), free(C), free(Ck), free(keep);
+        }
+    printf("dt_k_matmul_lp_rows on 512 x 256 x 1024: %s\n",
+           dt_k_matmul_splits_rows(DT_BF16, 512, 256, 1024) ? "split by the AMX GEMM" : "f32 result, then rows");
+    ASSERT(dt_k_matmul_splits_rows(DT_BF16, 512, 256, 1024) == dt__amx_use(512, 256, 1024));
+    ASSERT(!dt_k_matmul_splits_rows(DT_F16, 512, 256, 1024));
+    bool fin = true;
+    int32_t k0 = 0;
+    uint16_t a = 0, b = 0, cb = 0;
+    ASSERT_EQ_INT(dt_k_matmul_lp_rows(false, false, 1, 1, 1, &a, &b, DT_BF16, &cb, NULL, NULL, &fin), DT_ERR_NULL);
+    ASSERT(!fin);
+    ASSERT_EQ_INT(dt_k_matmul_lp_rows(false, false, 1, 1, 1, &a, &b, DT_F32, &cb, &k0, NULL, &fin),
+                  DT_ERR_UNSUPPORTED);
+}
+
 TEST(auto_rule)
 {
     /* DT_AMX_GEMM=auto's choice: GPT-2's 15 step products (2048 rows) and a
@@ -910,11 +1038,13 @@ static int run_checks(bool dispatch)
     RUN(bf16_result);
     RUN(bf16_result_edges);
     RUN(finite_check);
+    RUN(kept_rows);
     RUN(direct_a_strides);
     RUN(more_threads_than_cores);
     RUN(concurrent_callers_more_than_cores);
     if (dispatch) {
         RUN(dispatch_never_emulated);
+        RUN(lp_rows_dispatch);
         RUN(auto_rule);
     }
     return TEST_REPORT();

@@ -1,7 +1,7 @@
 /* Lazy zero_grad (dt_model_zero_grad_lazy, DT_TENSOR_GRAD_LAZY): with the
  * gradient buffer full of NaN garbage and every gradient marked zero, one
  * backward of gpt-micro (tied embedding/head, Conv1D GEMMs with biases,
- * layer norms, the fused LM loss) gives bit for bit the gradients of
+ * layer norms, the LM loss) gives bit for bit the gradients of
  * dt_model_zero_grad + backward, and a second backward accumulates onto
  * them as it does there; the marks are set by the lazy zero and cleared by
  * the first write; dt_model_grads_materialize zero-fills what backward did
@@ -9,8 +9,13 @@
  * clears the marks. The same with bf16 parameters under bf16 autocast (the
  * lazy mark of a bf16 gradient stays until its flush, which writes the
  * rounded f32 sum over the garbage; the tied table gets the head's GEMM
- * and the embedding's rows). */
+ * and the embedding's rows), with the head and the loss apart and fused
+ * (dt_model_config.fused_lm_loss). With dtrain's AMX GEMM (tests.cmake's
+ * amx/ registration) the head's GEMM rounds the table's gradient
+ * itself but for the looked-up rows, which stay f32 for the embedding's
+ * contribution and are rounded by the flush: the same bits. */
 #include "dtrain/autograd.h"
+#include "dtrain/kernels.h"
 #include "dtrain/models.h"
 #include "dtrain/precision.h"
 #include "test.h"
@@ -28,12 +33,14 @@ typedef struct {
 } net;
 
 static dt_dtype g_dt = DT_F32; /* the parameters' dtype of the nets made */
+static bool g_fused;           /* ... and their head fused with the loss (dt_model_config.fused_lm_loss) */
 
 static int net_make(net *n)
 {
     dt_model_config cfg = dt_model_config_default();
     cfg.seq = T;
     cfg.build.param_dtype = g_dt;
+    cfg.fused_lm_loss = g_fused;
     if (dt_model_create("gpt-micro", 77, &cfg, &n->m, &n->d) < 0 || dt_ctx_init(NULL, &n->ctx) < 0)
         return -1;
     if (g_dt != DT_F32 && dt_autocast_set(n->ctx, g_dt, NULL) < 0)
@@ -128,8 +135,14 @@ static void lazy_equals_eager(void)
     fill_nan(&z);
     dt_model_zero_grad_lazy(z.m);
     ASSERT(marked(&z) > 10);
+    dt_ag_stats_reset(z.ctx);
     ASSERT_EQ_INT(fwd_bwd(&z), 0);
     ASSERT_EQ_INT((int)marked(&z), 0); /* every parameter is reached in gpt-micro */
+    /* the tied table's gradient rounded by the head's GEMM but for the looked-up rows: where dtrain's AMX GEMM
+     * runs gpt-micro's products (DT_AMX_GEMM=on on a CPU with AMX: tests.cmake's amx/ registration) */
+    dt_ag_stats as;
+    dt_ag_stats_get(z.ctx, &as);
+    ASSERT_EQ_INT((int)as.grad_rows_split, g_dt == DT_BF16 && dt_k_matmul_amx(NULL) ? 1 : 0);
     dt_model_grads_materialize(z.m);
     grad_bytes(&z, got);
     ASSERT(memcmp(got, g1, n) == 0);
@@ -161,6 +174,15 @@ TEST(lazy_equals_eager_bits_bf16)
     g_dt = DT_F32;
 }
 
+TEST(lazy_equals_eager_bits_bf16_fused_head)
+{
+    g_dt = DT_BF16;
+    g_fused = true;
+    lazy_equals_eager();
+    g_dt = DT_F32;
+    g_fused = false;
+}
+
 TEST(materialize_unreached_is_zero)
 {
     net z;
@@ -182,6 +204,7 @@ int main(void)
 {
     RUN(lazy_equals_eager_bits);
     RUN(lazy_equals_eager_bits_bf16);
+    RUN(lazy_equals_eager_bits_bf16_fused_head);
     RUN(materialize_unreached_is_zero);
     return TEST_REPORT();
 }
