@@ -147,8 +147,10 @@ DT_API dt_status dt_k_matmul_batched_lp(bool trans_a, bool trans_b, int64_t batc
  * every value of C (after rounding) is finite: *finite false when some is
  * inf or NaN. For a result written once and read much later (a weight's
  * gradient): on dtrain's AMX GEMM the epilogue checks each value as it
- * stores it (no read pass over C); elsewhere a read pass follows the
- * product. *finite is false when the call fails. */
+ * stores it (no read pass over C) and writes C's whole 64-byte lines
+ * around the caches (streaming stores: no read of the lines first);
+ * elsewhere a read pass follows the product. *finite is false when the
+ * call fails. */
 DT_API dt_status dt_k_matmul_lp_checked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                                         const void *A, const void *B, dt_dtype t, void *C, bool *finite);
 /* dt_k_matmul_lp_checked with the result's rows split: row r with keep[r]

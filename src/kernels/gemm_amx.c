@@ -1197,7 +1197,7 @@ dt_status dt__amx_matmul_rows(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
     dt__amx_gemm_args g = {
         .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .A = A, .lda = ta ? M : K, .B = B, .ldb = tb ? K : N,
         .alpha = 1.0f, .Cb = Cb, .ldc = N, .keep = keep, .Ck = Ck, .finite = finite,
-        .stream = M * N >= ((int64_t)32 << 20), /* as dt__amx_matmul_batched's */
+        .stream = true, /* a weight's gradient, as dt__amx_matmul_batched's checked ones */
     };
     dt_status st = dt__amx_gemm(tiles, &g);
     if (st < 0)
@@ -1218,8 +1218,11 @@ dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int
         .alpha = alpha, .beta = beta, .ldc = N, .bias = bias,
         /* a bf16 result of 64 MiB and more (a language model head's logits) bypasses the caches:
          * GPT-2's 2048 x 50304 x 768 on 2 threads, with the log-sum-exp pass that reads it next,
-         * 129-139 -> 124-127 ms */
-        .stream = M * N >= ((int64_t)32 << 20),
+         * 129-139 -> 124-127 ms; so does a checked one (dt_k_matmul_lp_checked: a weight's
+         * gradient, read next by the optimizer): GPT-2's twelve layers' four weight gradients at
+         * B=4 T=64 (K = 256), outputs cold, 40.6-41.2 -> 35.4-36.1 ms (no read of the lines before
+         * they are written), the bf16 step 235.9-239.7 -> 231.5-235.3 ms, 4 rounds interleaved */
+        .stream = M * N >= ((int64_t)32 << 20) || finite,
     };
     bool fin = true, one = true;
     if (finite)
