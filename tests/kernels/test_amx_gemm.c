@@ -575,6 +575,82 @@ TEST(bf16_result_edges)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* A plain bf16 result (alpha 1, no beta, no bias) of whole 32-column
+ * blocks: rounded 32 values at a time by vcvtne2ps2bf16 where the kernels
+ * run their avx512_bf16 path, else by the integer formula; both give
+ * dt_f32_to_bf16's bits of the same call's f32 result. The sums are made
+ * exactly (one K step: each row adds three bf16 terms of its column): ties
+ * to even both ways, the largest bf16 and a sum past it that rounds to
+ * inf, a NaN from a NaN input, a zero, and random rows; with and without
+ * streaming stores; the finite check false only with the inf or NaN
+ * columns present. */
+static uint32_t bits32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+TEST(bf16_plain_rounding)
+{
+    enum { M = 48, N = 64, K = 32 };
+    static const uint16_t terms[][3] = {
+        {0x3f80, 0x3b80, 0},      /* 1 + 2^-8: a tie, to 0x3f80 (even) */
+        {0x3f81, 0x3b80, 0},      /* 0x3f818000: a tie, to 0x3f82 */
+        {0x3f80, 0x3b80, 0x3400}, /* 0x3f808001, past the tie: up */
+        {0x7f7f, 0, 0},           /* the largest bf16 */
+        {0x7f7f, 0x7b00, 0},      /* 0x7f7f8000: a tie at the top, to inf */
+        {0x7fc1, 0, 0},           /* a NaN */
+        {0x8000, 0, 0},           /* -0 x 1 added to the tile's +0: +0 */
+    };
+    const int nt = (int)(sizeof terms / sizeof terms[0]);
+    const dt_k_isa isa0 = dt_k_get_isa();
+    int fails = 0;
+    for (int special = 0; special < 2; special++) /* with the inf and NaN columns, or only finite ones */
+        for (int st = 0; st < 2; st++)
+            for (int path = 0; path < 2; path++) { /* the CPU's path, then AVX-512's integer rounding */
+                if (path && (isa0 != DT_K_ISA_AVX512_BF16 || dt_k_set_isa(DT_K_ISA_AVX512) != DT_OK))
+                    continue;
+                uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N);
+                uint16_t *Cb = aligned_alloc(64, (size_t)(M * N) * 2);
+                float *C = malloc((size_t)(M * N) * 4);
+                for (int64_t r = 0; r < M / 2; r++) /* the first half of the rows: 1, 1, 1, 0 ... */
+                    for (int64_t k = 0; k < K; k++)
+                        A[r * K + k] = k < 3 ? 0x3f80 : 0;
+                for (int64_t j = 0; j < N; j++) {
+                    int t = (int)(j % nt);
+                    if (!special && (t == 4 || t == 5))
+                        t = 0;
+                    for (int64_t k = 0; k < 3; k++)
+                        B[k * N + j] = terms[t][k];
+                }
+                dt__amx_gemm_args g = {.M = M, .N = N, .K = K, .A = A, .lda = K, .B = B, .ldb = N, .alpha = 1.0f,
+                                       .C = C, .ldc = N};
+                int bad = dt__amx_gemm(g_tiles, &g) != DT_OK;
+                bool fin = true;
+                g.C = NULL, g.Cb = Cb, g.stream = st, g.finite = &fin;
+                bad |= dt__amx_gemm(g_tiles, &g) != DT_OK;
+                for (int64_t i = 0; i < M * N && !bad; i++)
+                    if (Cb[i] != dt_f32_to_bf16(C[i])) {
+                        fprintf(stderr, "  [%lld][%lld]: %04x, want %04x (f32 %08x)\n", (long long)(i / N),
+                                (long long)(i % N), Cb[i], dt_f32_to_bf16(C[i]), (unsigned)bits32(C[i]));
+                        bad = 1;
+                    }
+                if (!bad) /* the exact sums' expected bits, row 0 */
+                    bad = Cb[0] != 0x3f80 || Cb[1] != 0x3f82 || Cb[2] != 0x3f81 || Cb[3] != 0x7f7f ||
+                          (special && (Cb[4] != 0x7f80 || (Cb[5] & 0x7fc0) != 0x7fc0)) || Cb[6] != 0;
+                if (bad || fin != !special) {
+                    fprintf(stderr, "  special %d stream %d path %d: finite %d, results %s\n", special, st, path,
+                            (int)fin, bad ? "differ or failed" : "equal");
+                    fails++;
+                }
+                free(A), free(B), free(Cb), free(C);
+                if (path)
+                    dt_k_set_isa(isa0);
+            }
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(finite_check)
 {
     /* args.finite: the epilogue says whether every value it stored is
@@ -1037,6 +1113,7 @@ static int run_checks(bool dispatch)
     RUN(packed_b_cache_versions);
     RUN(bf16_result);
     RUN(bf16_result_edges);
+    RUN(bf16_plain_rounding);
     RUN(finite_check);
     RUN(kept_rows);
     RUN(direct_a_strides);
