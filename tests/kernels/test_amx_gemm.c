@@ -476,14 +476,18 @@ TEST(bf16_result)
     /* Cb: the same sums as the f32 result, rounded once as dt_f32_to_bf16
      * rounds, so bit-identical to rounding the f32 C of the same call (on the
      * model and on the hardware alike); edges, K tails, both transposes, a
-     * bias, alpha, and a wider ldc whose extra columns stay untouched; 300 x 100 x
-     * 805 with A^T B runs transposed (K in chunks, more rows than columns) */
+     * bias with alpha 0.75 and with alpha 1, and a wider ldc whose extra
+     * columns stay untouched; 70 x 300 x 100 with B^T and 300 x 100 x 805
+     * with A^T B run transposed (few rows; K in chunks, more rows than
+     * columns) */
     static const int64_t shp[][3] = {{1, 1, 1}, {17, 33, 65}, {33, 47, 31}, {64, 64, 64}, {70, 300, 100},
                                      {300, 100, 805}};
     int fails = 0;
     for (size_t i = 0; i < sizeof shp / sizeof shp[0]; i++)
-        for (int t = 0; t < 8; t++) {
-            bool ta = t & 1, tb = t & 2, extra = t & 4;
+        for (int t = 0; t < 16; t++) {
+            bool ta = t & 1, tb = t & 2, extra = t & 4, alpha1 = t & 8; /* the bias with alpha 1 (cvt32's) */
+            if (alpha1 && !extra)
+                continue;
             int64_t M = shp[i][0], N = shp[i][1], K = shp[i][2], ldc = N + (extra ? 5 : 0);
             uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N);
             uint16_t *Cb = aligned_alloc(64, ((size_t)(M * ldc) * 2 + 63) / 64 * 64);
@@ -491,8 +495,8 @@ TEST(bf16_result)
             for (int64_t j = 0; j < M * ldc; j++)
                 Cb[j] = 0x7fc1; /* a NaN pattern: columns past N must keep it */
             dt__amx_gemm_args g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .A = A, .lda = ta ? M : K, .B = B,
-                                   .ldb = tb ? K : N, .alpha = extra ? 0.75f : 1.0f, .C = C, .ldc = ldc,
-                                   .bias = bias};
+                                   .ldb = tb ? K : N, .alpha = extra && !alpha1 ? 0.75f : 1.0f, .C = C,
+                                   .ldc = ldc, .bias = bias};
             int bad = dt__amx_gemm(g_tiles, &g) != DT_OK;
             g.C = NULL;
             g.Cb = Cb;
