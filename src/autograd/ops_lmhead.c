@@ -80,6 +80,8 @@ dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
     const size_t es = dt_dtype_size(s->t);
     float bx = 0.0f, bw = 0.0f;
     float *gx = dt__rg(n->in[0]) ? dt__grad_gemm(ctx, n->in[0], &bx) : NULL;
+    if (dt__rg(n->in[0]) && !gx)
+        return dt_last_status();
     const int64_t nc = nchunks(s);
     /* a tied weight (one chunk): dW rounded into its gradient as the GEMM stores it, but for the rows its
      * lookup's backward adds to, which stay f32 (dt__grad_gemm_rows) */
@@ -91,9 +93,7 @@ dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
                    : 0;
     if (split < 0)
         return split;
-    if (!split && dt__rg(n->in[1]))
-        gw = dt__grad_gemm(ctx, n->in[1], &bw);
-    if ((dt__rg(n->in[0]) && !gx) || (dt__rg(n->in[1]) && !gw))
+    if (!split && dt__rg(n->in[1]) && !(gw = dt__grad_gemm(ctx, n->in[1], &bw)))
         return dt_last_status();
     dt_status st = DT_OK;
     for (int64_t c = nc - 1; c >= 0 && st == DT_OK; c--) {

@@ -564,8 +564,8 @@ DT__AVX512 static inline __mmask16 out16(const dt__amx_gemm_args *g, __m512 v, f
  * does). Returns the largest of the stored values' exponent bits (0x7f80:
  * some is inf or NaN), for the finite check. cols is a multiple of 32. On
  * the Xeon with AMX, 2 threads, GPT-2 at B=4 T=64: its weight gradients,
- * outputs cold, 35.4-40.0 -> 28.0-30.4 ms a step; the bf16 step 232.6-245.3
- * -> 227.5-231.6 ms, 4 rounds interleaved. */
+ * outputs cold, 35.4-40.0 -> 28.0-30.4 ms a step; the bf16 step 237.4-243.2
+ * -> 229.0-233.3 ms, 4 rounds interleaved. */
 DT__AVX512BF16 static __m512i row_bf16_cvt(const float *acc, const float *bias, uint16_t *cb, int64_t cols, bool st,
                                            __m512i emax)
 {
@@ -604,7 +604,7 @@ DT__AVX512 static bool epilogue_v(const dt__amx_gemm_args *g, const float *acc, 
                                   int64_t rows, int64_t cols, bool stream)
 {
     __mmask16 bad = 0;
-    /* rows of row_bf16_cvt: a bf16 result without alpha where the CPU has AVX512_BF16 */
+    /* rows of row_bf16_cvt: a bf16 result without alpha or beta where the kernels run avx512_bf16 */
     const bool cvt = g->Cb && g->alpha == 1.0f && g->beta == 0.0f && cols % 32 == 0 &&
                      dt_k_get_isa() == DT_K_ISA_AVX512_BF16;
     __m512i emax = _mm512_setzero_si512();
