@@ -13,10 +13,8 @@ if(TARGET test_lowp)
   add_test(NAME isa_scalar/test_lowp COMMAND test_lowp)
   set_tests_properties(isa_scalar/test_lowp PROPERTIES TIMEOUT 300 LABELS "autograd;isa"
     ENVIRONMENT "DT_MAX_CPU_ISA=scalar")
-  add_test(NAME isa_avx2/test_lowp
-    COMMAND sh -c "grep -qw avx512f /proc/cpuinfo || { echo 'no AVX-512 on this CPU: the default registration already runs the AVX2 paths'; exit 77; }; exec \"$0\"" $<TARGET_FILE:test_lowp>)
-  set_tests_properties(isa_avx2/test_lowp PROPERTIES TIMEOUT 300 LABELS "autograd;isa" SKIP_RETURN_CODE 77
-    ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
+  dt_add_cpu_test(isa_avx2/test_lowp test_lowp avx512f "no AVX-512 on this CPU: the default registration already runs the AVX2 paths"
+    TIMEOUT 300 LABELS autograd isa ENVIRONMENT ONEDNN_MAX_CPU_ISA=AVX2 DT_MAX_CPU_ISA=avx2)
 endif()
 
 # Attention over a bf16/f16 qkv: the test itself walks every ISA path the
@@ -37,8 +35,6 @@ if(TARGET test_grad_lp)
   add_test(NAME isa_scalar/test_grad_lp COMMAND test_grad_lp)
   set_tests_properties(isa_scalar/test_grad_lp PROPERTIES TIMEOUT 300 LABELS "autograd;isa"
     ENVIRONMENT "DT_MAX_CPU_ISA=scalar")
-  add_test(NAME isa_avx2/test_grad_lp
-    COMMAND sh -c "grep -qw avx512f /proc/cpuinfo || { echo 'no AVX-512 on this CPU: the default registration already runs the AVX2 paths'; exit 77; }; exec \"$0\"" $<TARGET_FILE:test_grad_lp>)
-  set_tests_properties(isa_avx2/test_grad_lp PROPERTIES TIMEOUT 300 LABELS "autograd;isa" SKIP_RETURN_CODE 77
-    ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
+  dt_add_cpu_test(isa_avx2/test_grad_lp test_grad_lp avx512f "no AVX-512 on this CPU: the default registration already runs the AVX2 paths"
+    TIMEOUT 300 LABELS autograd isa ENVIRONMENT ONEDNN_MAX_CPU_ISA=AVX2 DT_MAX_CPU_ISA=avx2)
 endif()

@@ -32,11 +32,10 @@ foreach(t ${DT_ISA_AVX2_TESTS})
     if(t STREQUAL "test_convert")
       set(args avx2)
     endif()
-    add_test(NAME isa_avx2/${t}
-      COMMAND sh -c "grep -qw avx512f /proc/cpuinfo || { echo 'no AVX-512 on this CPU: the default registration already runs the AVX2 paths'; exit 77; }; exec \"$0\" \"$@\""
-        $<TARGET_FILE:${t}> ${args})
-    set_tests_properties(isa_avx2/${t} PROPERTIES TIMEOUT 600 LABELS isa SKIP_RETURN_CODE 77
-      ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2;OPENBLAS_CORETYPE=SkylakeX;DT_BINARY_DIR=${PROJECT_BINARY_DIR};DT_CLI=${PROJECT_BINARY_DIR}/dtrain")
+    dt_add_cpu_test(isa_avx2/${t} ${t} avx512f "no AVX-512 on this CPU: the default registration already runs the AVX2 paths"
+      TIMEOUT 600 LABELS isa ARGS ${args}
+      ENVIRONMENT ONEDNN_MAX_CPU_ISA=AVX2 DT_MAX_CPU_ISA=avx2 OPENBLAS_CORETYPE=SkylakeX
+        DT_BINARY_DIR=${PROJECT_BINARY_DIR} DT_CLI=${PROJECT_BINARY_DIR}/dtrain)
   endif()
 endforeach()
 
@@ -45,10 +44,9 @@ endforeach()
 # machine; the default registration runs the native part where the CPU has
 # bf16 convolutions and reports it skipped where it has none.
 if(TARGET test_conv_bf16)
-  add_test(NAME isa_avx2/test_conv_bf16
-    COMMAND sh -c "grep -qw avx512f /proc/cpuinfo || { echo 'no AVX-512 on this CPU: the default registration already runs the fallback'; exit 77; }; exec \"$0\" fallback" $<TARGET_FILE:test_conv_bf16>)
-  set_tests_properties(isa_avx2/test_conv_bf16 PROPERTIES TIMEOUT 300 LABELS "kernels;isa" SKIP_RETURN_CODE 77
-    ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
+  dt_add_cpu_test(isa_avx2/test_conv_bf16 test_conv_bf16 avx512f
+    "no AVX-512 on this CPU: the default registration already runs the fallback"
+    TIMEOUT 300 LABELS kernels isa ARGS fallback ENVIRONMENT ONEDNN_MAX_CPU_ISA=AVX2 DT_MAX_CPU_ISA=avx2)
 endif()
 
 # dtrain's AMX GEMM on the real tile instructions: the default registration
