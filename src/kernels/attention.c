@@ -942,6 +942,48 @@ static void amx_at_col(uint16_t *pa, int64_t kbt, int64_t i, const uint16_t *x, 
         pa[d / AB * kbt * ASTEP + d % AB * kbt * AB + i] = x[d];
 }
 
+#if DT__X86_VEC
+/* amx_bt_col for the 16 columns n0 .. n0 + 15 at once (n0 a multiple of
+ * 16), column n0 + r from the row x + r ldx, K a multiple of 32: each K
+ * step's 16 pairs of the 16 rows, transposed, are the step's 16 tile rows
+ * of those columns. The same values in the same places as amx_bt_col's. */
+DT__AVX512 static void amx_bt_cols16(uint16_t *pb, int64_t n0, const uint16_t *x, int64_t ldx, int64_t K)
+{
+    uint32_t *o = (uint32_t *)(void *)(pb + n0 / 16 * AT);
+    for (int64_t s = 0; s < K / 32; s++) {
+        __m512i r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = _mm512_loadu_si512(x + i * ldx + 32 * s);
+        dt__tr16(r);
+        for (int j = 0; j < 16; j++)
+            _mm512_storeu_si512(o + s * AT + j * 16, r[j]);
+    }
+}
+
+/* amx_at_col for the 32 rows i0 .. i0 + 31 of X at once (row r at x + r
+ * ldx), D a multiple of 16: each pair of rows interleaved into 32-bit
+ * words (the even row low), then 16 of D at a time transposed, so row d of
+ * X^T gets its 32 values by one store. The same values in the same places
+ * as amx_at_col's. */
+DT__AVX512 static void amx_at_cols32(uint16_t *pa, int64_t kbt, int64_t i0, const uint16_t *x, int64_t ldx,
+                                     int64_t D)
+{
+    const int64_t ld = kbt * AB; /* row d of X^T at pa + d ld (panel d / 32, row d % 32) */
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        __m512i r[16];
+        for (int p = 0; p < 16; p++) {
+            const __m256i *lo = (const __m256i *)(x + 2 * p * ldx + d0);
+            const __m256i *hi = (const __m256i *)(x + (2 * p + 1) * ldx + d0);
+            r[p] = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256(lo)),
+                                   _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(hi)), 16));
+        }
+        dt__tr16(r);
+        for (int j = 0; j < 16; j++)
+            _mm512_storeu_si512(pa + (d0 + j) * ld + i0, r[j]);
+    }
+}
+#endif
+
 /* a . b over n floats: 16 partial sums then their sum where vec allows
  * (Di, within the path's bound), else in index order. */
 static float amx_dot(int vec, const float *a, const float *b, int64_t n)
@@ -1006,7 +1048,18 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     float m[AB], l[AB];
     memset(kp, 0, (size_t)(2 * nkb * kd) * ASTEP * 2);
     uint32_t pr[DMAX];
-    for (int64_t j = kb; j < nkv; j++) {
+    int64_t j0 = kb; /* the keys into B panels along D: 16 at a time where the row loops allow */
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512 && D % AB == 0) /* (kb is a multiple of 32) */
+        for (; j0 + 16 <= nkv; j0 += 16) {
+            for (int64_t r = j0 + 16; r < j0 + 32 && r < nkv; r++) { /* the next 16 rows, 3C apart */
+                amx_prefetch(src + r * C3 + C, D * 2);
+                amx_prefetch(src + r * C3 + 2 * C, D * 2);
+            }
+            amx_bt_cols16(kp + (j0 - kb) / AB * kd * ASTEP, (j0 - kb) % AB, src + j0 * C3 + C, C3, D);
+        }
+#endif
+    for (int64_t j = j0; j < nkv; j++) {
         if (j + 4 < nkv) { /* rows a stride of 3C apart: fetch them ahead */
             amx_prefetch(src + (j + 4) * C3 + C, D * 2);
             amx_prefetch(src + (j + 4) * C3 + 2 * C, D * 2);
@@ -1505,9 +1558,23 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         Lp[i] = L[i];
         amx_a_row(ka, i, k, D);
         amx_a_row(va, i, v, D);
+    }
+    int64_t ir = 0; /* q and the rounded dy into B panels along D, k into the A panels of k^T */
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512 && D % AB == 0)
+        for (; ir + AB <= T; ir += AB) {
+            for (int64_t r = ir; r < ir + AB; r += 16) {
+                amx_bt_cols16(qt + ir / AB * kd * ASTEP, r % AB, src + r * C3, C3, D);
+                amx_bt_cols16(gt + ir / AB * kd * ASTEP, r % AB, gh + r * Dp, Dp, D);
+            }
+            amx_at_cols32(kT, nqb, ir, src + ir * C3 + C, C3, D);
+        }
+#endif
+    for (int64_t i = ir; i < T; i++) {
+        const uint16_t *q = src + i * C3;
         amx_bt_col(qt + i / AB * kd * ASTEP, i % AB, q, D);
-        amx_bt_col(gt + i / AB * kd * ASTEP, i % AB, hr, D);
-        amx_at_col(kT, nqb, i, k, D);
+        amx_bt_col(gt + i / AB * kd * ASTEP, i % AB, gh + i * Dp, D);
+        amx_at_col(kT, nqb, i, q + C, D);
     }
     for (int64_t i = T; i < Tp; i++)
         Lp[i] = Dip[i] = 0.0f;

@@ -153,31 +153,6 @@ static void pack_at_rows_s(const uint16_t *A, int64_t lda, int64_t M, int64_t K,
 }
 
 #if DT__X86_VEC
-/* 16 x 16 32-bit transpose: r[i] element j becomes r[j] element i. */
-DT__AVX512 static inline void tr16(__m512i r[16])
-{
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) { /* u[4i + j], lane l: column 4l + j of rows 4i .. 4i + 3 */
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int j = 0; j < 4; j++) { /* lanes across u[j], u[4 + j], u[8 + j], u[12 + j] */
-        __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
-        __m512i x2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-        __m512i x3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
-        r[j] = _mm512_shuffle_i32x4(x0, x2, 0x88);
-        r[8 + j] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
-        r[4 + j] = _mm512_shuffle_i32x4(x1, x3, 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
-    }
-}
-
 /* Software prefetch in the packing loops (a hint: no fault past an array,
  * no result changed). On the Xeon VM with AMX the hardware prefetcher
  * alone left them waiting on memory: a row-major B (pack_b_steps_n) takes
@@ -249,7 +224,7 @@ DT__AVX512 static void pack_b_panel_t(const uint16_t *B, int64_t ldb, int64_t K,
                     __builtin_prefetch(B + n * ldb + k0 + PF_BT);
                 r[c] = n < N ? _mm512_maskz_loadu_epi16(m, B + n * ldb + k0) : _mm512_setzero_si512();
             }
-            tr16(r);
+            dt__tr16(r);
             uint16_t *t = out + ks * 2 * TILE + j * TILE;
             for (int i = 0; i < 16; i++)
                 _mm512_storeu_si512(t + i * KSTEP, r[i]);
@@ -276,7 +251,7 @@ DT__AVX512 static void pack_at_rows_v(const uint16_t *A, int64_t lda, int64_t M,
                 __m512i x1 = k + 1 < K ? _mm512_maskz_loadu_epi16(m, A + (k + 1) * lda + mh) : _mm512_setzero_si512();
                 r[i] = _mm512_permutex2var_epi16(x0, lo, x1);
             }
-            tr16(r);
+            dt__tr16(r);
             for (int c = 0; c < 16 && mh + c < M; c++)
                 _mm512_storeu_si512(out + (mh + c) * ld + ks * KSTEP, r[c]);
         }
@@ -651,7 +626,7 @@ DT__AVX512 static bool epilogue_vt(const dt__amx_gemm_args *g, const float *acc,
             __m512i r[16];
             for (int i = 0; i < 16; i++)
                 r[i] = i < ni ? _mm512_maskz_loadu_epi32(mc, acc + (i0 + i) * ld + c0) : _mm512_setzero_si512();
-            tr16(r);
+            dt__tr16(r);
             for (int c = 0; c < nc; c++) {
                 const int64_t o = (n0 + c0 + c) * g->ldc + m0 + i0;
                 bad |= out16(g, _mm512_castsi512_ps(r[c]), g->C ? g->C + o : NULL, g->Cb ? g->Cb + o : NULL,

@@ -215,6 +215,33 @@ DT__AVX512 static inline void dt__bf16_store16(uint16_t *p, __m512 r)
     _mm256_storeu_si256((__m256i *)p, dt__bf16_pack16(r));
 }
 
+/* 16 x 16 transpose of 32-bit lanes: element j of r[i] becomes element i
+ * of r[j] (the AMX GEMM's packing and transposed epilogue, the attention's
+ * tile panels). */
+DT__AVX512 static inline void dt__tr16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + j], lane l: column 4l + j of rows 4i .. 4i + 3 */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; j++) { /* lanes across u[j], u[4 + j], u[8 + j], u[12 + j] */
+        __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+        __m512i x2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+        __m512i x3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+        r[j] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+        r[4 + j] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+    }
+}
+
 #else
 #define DT__X86_VEC 0
 #endif
