@@ -662,8 +662,8 @@ DT_API dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *b
  * dx rounded to t's precision (held in f32: the gradient of a t tensor);
  * dbias from the unrounded values. round_dy: dy is first rounded to t (the
  * gradient of a result of dtype t, as its cast's backward rounds it).
- * dx may alias dy. dx_lp (may be NULL; only beside dx): the rounded dx
- * stored as t as well, in the same pass. */
+ * dx may alias dy. dx_lp (may be NULL): the rounded dx stored as t as
+ * well, in the same pass; with dx NULL, there alone (no f32 dx written). */
 DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, bool round_dy,
                                        int64_t rows, int64_t cols, float *dx, void *dx_lp, float *dbias,
                                        dt_k_gelu_approx approx);

@@ -121,6 +121,20 @@ bool dt__grad_shadow_wanted(const dt_tensor *t, dt_dtype lt);
  * NULL; *err is set when the allocation failed (the error is set). */
 void *dt__grad_shadow_maybe(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt, bool *err);
 void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *shadow, dt_dtype lt);
+/* Whether the running node n, about to write t's first gradient
+ * contribution with a shadow in lt (dt__grad_shadow_wanted), may write the
+ * shadow alone and leave the f32 buffer unwritten: the one backward that
+ * will read t's gradient is its own node's, a bf16/f16 linear or addmm,
+ * which takes only the shadow (bw_dense: dX, dW and the bias's sums); t is
+ * not retained (DT_TENSOR_RETAIN_GRAD); and no node between t's and n on
+ * the tape takes t (so no later contribution accumulates in f32). The
+ * caller then calls dt__grad_f32_skipped on the buffer it did not write. */
+bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor *t, dt_dtype lt);
+/* Count the skipped f32 write (dt_ag_stats.grad_f32_skipped); in builds
+ * with assertions, fill the unwritten buffer (n floats) with NaN, so a
+ * reader the rule above missed fails its test instead of reading stale
+ * values. */
+void dt__grad_f32_skipped(dt_ctx *ctx, float *f32buf, int64_t n);
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
 
 /* A node's backward has ended: its scratch goes back to the arena

@@ -277,6 +277,35 @@ void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *s
     t->glp_dtype_ = lt;
 }
 
+bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor *t, dt_dtype lt)
+{
+    if (!dt__grad_shadow_wanted(t, lt) || (t->flags & DT_TENSOR_RETAIN_GRAD) || !n)
+        return false;
+    const dt__node *p = t->node_;
+    if ((p->op != DT_OP_LINEAR && p->op != DT_OP_ADDMM) || p->idx >= n->idx || n->idx - p->idx > 8 ||
+        n->idx >= ctx->tape_len || ctx->tape[n->idx] != n || ctx->tape[p->idx] != p)
+        return false;
+    for (size_t k = p->idx + 1; k < n->idx; k++) /* a node between that takes t would add to its gradient later */
+        for (int j = 0; j < ctx->tape[k]->nin; j++)
+            if (ctx->tape[k]->in[j] == t)
+                return false;
+    int uses = 0; /* and n itself takes t once */
+    for (int j = 0; j < n->nin; j++)
+        uses += n->in[j] == t;
+    return uses == 1;
+}
+
+void dt__grad_f32_skipped(dt_ctx *ctx, float *f32buf, int64_t n)
+{
+    ctx->ag_stats.grad_f32_skipped++;
+#ifndef NDEBUG
+    for (int64_t i = 0; i < n; i++)
+        f32buf[i] = __builtin_nanf("");
+#else
+    (void)f32buf, (void)n;
+#endif
+}
+
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)
 {
     if (!t->glp_ || t->glp_dtype_ != lt || t->glp_epoch_ != ctx->epoch || !t->grad || t->grad->data != t->glp_of_)

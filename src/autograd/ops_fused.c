@@ -150,16 +150,20 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
     void *gs = dt__rg(X) && X != bias ? dt__grad_shadow_maybe(ctx, X, t, &err) : NULL;
     if (err)
         return dt_last_status();
+    /* (decided before grad_begin gives X a gradient) */
+    const bool lp_only = gs && dt__grad_shadow_only(ctx, n, X, t);
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gb = dt__rg(bias) ? dt_arena_alloc(ctx->arena, (size_t)N * sizeof(float)) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(bias) && !gb))
         return dt_last_status();
     dt_status st = t == DT_F32
                        ? dt_k_bias_gelu_bwd(n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH)
-                       : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, n->i[3] != DT_F32, R, N, gx, gs,
-                                               gb, DT_K_GELU_TANH);
+                       : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, n->i[3] != DT_F32, R, N,
+                                               lp_only ? NULL : gx, gs, gb, DT_K_GELU_TANH);
     if (st < 0)
         return st;
+    if (lp_only)
+        dt__grad_f32_skipped(ctx, gx, R * N);
     if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
         return st;
     if (gs)

@@ -369,10 +369,10 @@ DT__AVX512 static void bias_gelu_tanh_row_bf16_avx512(const uint16_t *restrict x
 }
 
 /* The same row with x in bf16, widened in registers, and dx rounded to bf16
- * in registers: dx gets the rounded values as f32, h their bits (both
- * written or neither); sb sums the unrounded ones. The bits of widening x
- * with dt_k_convert, the row above, then rounding dx with dt_k_convert both
- * ways (the tail goes exactly that way). */
+ * in registers: h gets the rounded values' bits and dx (unless NULL) the
+ * values as f32 (neither when h is NULL); sb sums the unrounded ones. The
+ * bits of widening x with dt_k_convert, the row above, then rounding dx
+ * with dt_k_convert both ways (the tail goes exactly that way). */
 DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restrict x, const float *restrict b,
                                                           const float *dy, bool round_dy, float *dx, uint16_t *h,
                                                           float *restrict sb, int64_t n)
@@ -382,16 +382,17 @@ DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restri
         __m512 v = _mm512_add_ps(dt__bf16_load16(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps());
         __m512 d = _mm512_loadu_ps(dy + j);
         __m512 g = gelu_tanh_bwd16(v, round_dy ? dt__bf16_round16(d) : d);
-        if (dx) {
+        if (h) {
             __m512 r = dt__bf16_round16(g);
-            _mm512_storeu_ps(dx + j, r);
+            if (dx)
+                _mm512_storeu_ps(dx + j, r);
             dt__bf16_store16(h + j, r);
         }
         if (sb)
             _mm512_storeu_ps(sb + j, _mm512_add_ps(_mm512_loadu_ps(sb + j), g));
     }
     if (j < n) {
-        float v[16], dr[16];
+        float v[16], dr[16], o[16];
         uint16_t hr[16];
         const float *g = dy + j;
         (void)dt_k_convert(x + j, DT_BF16, v, DT_F32, n - j);
@@ -399,10 +400,11 @@ DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restri
             (void)(dt_k_convert(g, DT_F32, hr, DT_BF16, n - j) < 0 || dt_k_convert(hr, DT_BF16, dr, DT_F32, n - j) < 0);
             g = dr;
         }
-        bias_gelu_tanh_bwd_row_avx2(v, b ? b + j : NULL, g, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
-        if (dx)
-            (void)(dt_k_convert(dx + j, DT_F32, h + j, DT_BF16, n - j) < 0 ||
-                   dt_k_convert(h + j, DT_BF16, dx + j, DT_F32, n - j) < 0);
+        float *d = dx ? dx + j : o;
+        bias_gelu_tanh_bwd_row_avx2(v, b ? b + j : NULL, g, h ? d : NULL, sb ? sb + j : NULL, n - j);
+        if (h)
+            (void)(dt_k_convert(d, DT_F32, h + j, DT_BF16, n - j) < 0 ||
+                   (dx && dt_k_convert(h + j, DT_BF16, dx + j, DT_F32, n - j) < 0));
     }
 }
 #endif
@@ -586,7 +588,7 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
     DT__CHECK_N(fn, cols);
     DT__CHECK_PTR(fn, x, rows * cols);
     DT__CHECK_PTR(fn, dy, rows * cols);
-    if (!dx && !dbias)
+    if (!dx && !dx_lp && !dbias)
         return DT_OK;
     int nt = dt__threads_for(rows * cols * 8), bad = 0;
     const int64_t cb = gelu_bwd_cb(cols, nt);
@@ -598,11 +600,12 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
     for (int64_t bk = 0; bk < nblk; bk++) {
         int64_t j0 = bk * cb, c = cols - j0 < cb ? cols - j0 : cb;
-        float sb[GELU_CB_WIDE] = {0}, v[GELU_CB_WIDE], dr[GELU_CB_WIDE];
+        float sb[GELU_CB_WIDE] = {0}, v[GELU_CB_WIDE], dr[GELU_CB_WIDE], dw[GELU_CB_WIDE];
         uint16_t hb[GELU_CB_WIDE];
         for (int64_t r = 0; r < rows; r++) {
-            float *d = dx ? dx + r * cols + j0 : NULL;
-            uint16_t *h = dx && dx_lp ? (uint16_t *)dx_lp + r * cols + j0 : hb;
+            /* d: dx's row, or (dx_lp alone) the f32 values' scratch; h: dx_lp's row, or scratch */
+            float *d = dx ? dx + r * cols + j0 : dx_lp ? dw : NULL;
+            uint16_t *h = dx_lp ? (uint16_t *)dx_lp + r * cols + j0 : d ? hb : NULL;
             if (r + 2 < rows) /* the next rows' segments: rows are cols apart, so no stream runs on */
                 for (int64_t k = 0; k < c; k += 32) {
                     __builtin_prefetch((const uint16_t *)x + (r + 2) * cols + j0 + k);
@@ -612,7 +615,7 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
 #if DT__X86_VEC
             if (t == DT_BF16 && vec >= DT__VEC_AVX512) {
                 bias_gelu_tanh_bwd_row_bf16_avx512((const uint16_t *)x + r * cols + j0, bias ? bias + j0 : NULL,
-                                                   dy + r * cols + j0, round_dy, d, h, sb, c);
+                                                   dy + r * cols + j0, round_dy, dx ? d : NULL, h, sb, c);
                 continue;
             }
 #endif

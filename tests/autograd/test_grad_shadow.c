@@ -162,6 +162,9 @@ static void shadow_case(dt_dtype dt, producer p)
         const int conv = p == P_ATTN ? ngemm : 0;
         ASSERT_EQ_INT((int)s[1].grad_rounds, conv);
         ASSERT_EQ_INT((int)s[1].grad_shadows, ngemm - conv);
+        /* A's bias + GELU wrote its input's gradient in the GEMM's dtype alone (the GEMM its one reader) */
+        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, p == P_GELU ? 1 : 0);
+        ASSERT_EQ_INT((int)s[1].grad_f32_skipped, 0);
         for (int way = 0; way < 2; way++) {
             dt_tensor_free(l[way].x);
             for (int k = 0; k < 3; k++)
@@ -357,6 +360,70 @@ TEST(grad_shadow_dropped_by_second_use)
     dt_ctx_free(ctx);
 }
 
+/* bias + GELU writes its input's gradient in the GEMM's dtype alone only
+ * where that GEMM's backward is the one reader: not when another node
+ * recorded between them takes the same GEMM output (its contribution adds
+ * later, in f32), nor when the output's gradient is retained. Either way
+ * x's gradient equals, bit for bit, the one of the same graph with the
+ * other use recorded after the GELU (its contribution first: no shadow). */
+static dt_tensor *gelu_second_use(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, bool between,
+                                  bool retain, dt_tensor **out)
+{
+    dt_tensor *a = *out = dt_linear(ctx, dt_cast(ctx, x, DT_BF16), dt_cast(ctx, w, DT_BF16), NULL);
+    if (!a || (retain && dt_ag_retain_grad(a) < 0))
+        return NULL;
+    dt_tensor *c = between ? dt_cast(ctx, a, DT_F32) : NULL; /* recorded between the GEMM and the GELU */
+    dt_tensor *g = dt_bias_gelu_tanh(ctx, a, bias);
+    if (!retain && !between)
+        c = dt_cast(ctx, a, DT_F32); /* after it */
+    dt_tensor *y = retain ? g : dt_add(ctx, g, c);
+    return y ? dt_sum(ctx, y) : NULL;
+}
+
+TEST(grad_f32_written_for_other_readers)
+{
+    enum { N = B * T * C };
+    static float xv[B * T * K], wv[C * K], bv[C], ones[N], dref[N];
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 0, 0), 0, xv, B * T * K, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 1, 0), 0, wv, C * K, -0.5f, 0.5f);
+    for (int i = 0; i < N; i++)
+        ones[i] = 1.0f;
+    for (int j = 0; j < C; j++)
+        bv[j] = 0.125f * (float)(j % 5) - 0.25f;
+    float *ref = malloc((size_t)(B * T * K) * 4);
+    ASSERT(ref != NULL);
+    for (int k = 0; k < 3; k++) { /* 0: the other use after the GELU (reference), 1: between, 2: retained */
+        dt_ctx *ctx = NULL;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        dt_tensor *x = leaf(xv, 3, SH(B, T, K)), *w = leaf(wv, 2, SH(C, K)), *a = NULL;
+        dt_tensor *bias = dt_tensor_from(ctx, DT_F32, 1, SH(C), bv);
+        ASSERT(x && w && bias);
+        dt_tensor *loss = gelu_second_use(ctx, x, w, bias, k == 1, k == 2, &a);
+        ASSERT(loss != NULL);
+        dt_ag_stats s;
+        dt_ag_stats_reset(ctx);
+        ASSERT_OK(dt_backward(ctx, loss));
+        dt_ag_stats_get(ctx, &s);
+        ASSERT_EQ_INT((int)s.grad_f32_skipped, 0);
+        if (k == 0)
+            memcpy(ref, x->grad->data, (size_t)(B * T * K) * 4);
+        else if (k == 1 && memcmp(ref, x->grad->data, (size_t)(B * T * K) * 4))
+            TEST_FAIL_("x's gradient with the GEMM output's other use recorded before the GELU differs");
+        if (k == 2) { /* the retained f32 gradient: GELU's slope at a, rounded to bf16 */
+            ASSERT_EQ_INT((int)s.grad_shadows, 1);
+            ASSERT(a->grad != NULL && a->grad->dtype == DT_F32);
+            ASSERT_OK(dt_k_bias_gelu_bwd_lp(DT_BF16, a->data, bv, ones, false, B * T, C, dref, NULL, NULL,
+                                            DT_K_GELU_TANH));
+            if (memcmp(dref, a->grad->data, sizeof dref))
+                TEST_FAIL_("the retained gradient of the GELU's input is not its slope rounded to bf16");
+        }
+        dt_tensor_free(x);
+        dt_tensor_free(w);
+        dt_ctx_free(ctx);
+    }
+    free(ref);
+}
+
 /* The embedding of a bf16/f16 table takes its output's gradient as its
  * producer wrote it rounded (the shadow) instead of rounding it again row
  * by row: the add of two embeddings (wte[idx] + wpe[pos] in the table's
@@ -450,6 +517,7 @@ int main(void)
     RUN(grad_shadow_through_reshape);
     RUN(view_grad_shared_unless_neg0);
     RUN(grad_shadow_dropped_by_second_use);
+    RUN(grad_f32_written_for_other_readers);
     RUN(grad_shadow_embedding);
     return TEST_REPORT();
 }
