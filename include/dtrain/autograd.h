@@ -126,9 +126,10 @@ typedef struct {
     uint64_t grad_rows_split;   /* tied tables' weight gradients rounded by their GEMM as it stored
                                    them, but for the rows their lookups add to (kept in f32 till
                                    then): dtrain's AMX GEMM, a lazily zeroed bf16 gradient */
-    uint64_t grad_f32_skipped;  /* of grad_shadows, those whose f32 values were never written: the
-                                   producer (dt_bias_gelu_tanh) wrote the GEMM's dtype alone, the
-                                   only reader being that linear/addmm's backward */
+    uint64_t grad_f32_skipped;  /* of the shadows written, those whose f32 values were not: the
+                                   producer (dt_bias_gelu_tanh, the residual add of a bf16/f16
+                                   operand) wrote the GEMM's dtype alone, the only reader being
+                                   that linear/addmm's backward */
 } dt_ag_stats;
 /* Copy ctx's counters into *out (zeros for a NULL ctx). */
 DT_API void dt_ag_stats_get(const dt_ctx *ctx, dt_ag_stats *out);

@@ -427,7 +427,8 @@ DT_API dt_status dt_k_add2_lp(dt_dtype t, const void *a, const void *b, void *y,
  * to +0 (as a zeroed gradient buffer accumulating it: -0 gives +0): the
  * gradient of a t tensor that went through an f32 op. y may alias g.
  * ylp (may be NULL): the same n values stored as t (uint16_t), in the same
- * pass (a bf16 GEMM's backward takes them as they are). */
+ * pass (a bf16 GEMM's backward takes them as they are); with ylp, y may be
+ * NULL (the values stored as t alone). */
 DT_API dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, void *ylp, int64_t n);
 /* Reduce a gradient g of shape gshape (ng dims) to shape oshape (no dims,
  * no <= ng, oshape broadcastable to gshape) by summing over the broadcast

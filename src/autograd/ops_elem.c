@@ -116,10 +116,13 @@ static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         } else {
             bool err = false; /* the shadow first: grad_begin gives x its gradient */
             void *gs = dt__grad_shadow_maybe(ctx, x, x->dtype, &err);
+            const bool lp_only = gs && dt__grad_shadow_only(ctx, n, x, x->dtype);
             float *g = err ? NULL : dt__grad_begin(ctx, x);
             if (!g)
                 return dt_last_status();
-            st = dt_k_grad_round_lp(x->dtype, gout, g, gs, m);
+            st = dt_k_grad_round_lp(x->dtype, gout, lp_only ? NULL : g, gs, m);
+            if (st >= 0 && lp_only)
+                dt__grad_f32_skipped(ctx, g, m);
             if (st >= 0)
                 st = dt__grad_commit(ctx, x, g);
             if (st >= 0 && gs)

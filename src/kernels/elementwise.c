@@ -237,7 +237,8 @@ DT__AVX512 static int64_t grad_round_bf16_avx512(const float *g, float *y, uint1
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 r = dt__bf16_round16(_mm512_add_ps(_mm512_setzero_ps(), _mm512_loadu_ps(g + i)));
-        _mm512_storeu_ps(y + i, r);
+        if (y)
+            _mm512_storeu_ps(y + i, r);
         if (h)
             dt__bf16_store16(h + i, r);
     }
@@ -319,7 +320,10 @@ dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, void *ylp, in
         return dt_error(DT_ERR_DTYPE, "%s: dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
     DT__CHECK_N(fn, n);
     DT__CHECK_PTR(fn, g, n);
-    DT__CHECK_PTR(fn, y, n);
+    if (!ylp)
+        DT__CHECK_PTR(fn, y, n);
+    if (!y && !ylp)
+        return DT_OK;
     const int64_t nb = (n + LP_ADD_BLK - 1) / LP_ADD_BLK;
     int nt = dt__threads_for(n), bad = 0;
     const bool v16 = t == DT_BF16 && dt__vec_level() >= DT__VEC_AVX512;
@@ -330,7 +334,7 @@ dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, void *ylp, in
         int64_t lo = k * LP_ADD_BLK, c = n - lo < LP_ADD_BLK ? n - lo : LP_ADD_BLK;
 #if DT__X86_VEC
         if (v16) {
-            int64_t d = grad_round_bf16_avx512(g + lo, y + lo, ylp ? (uint16_t *)ylp + lo : NULL, c);
+            int64_t d = grad_round_bf16_avx512(g + lo, y ? y + lo : NULL, ylp ? (uint16_t *)ylp + lo : NULL, c);
             lo += d, c -= d;
             if (!c)
                 continue;
@@ -343,7 +347,7 @@ dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, void *ylp, in
 #pragma omp simd
         for (int64_t i = 0; i < c; i++)
             v[i] = 0.0f + gl[i]; /* as a zeroed buffer accumulating g: -0 becomes +0 */
-        bad |= dt_k_convert(v, DT_F32, h, t, c) < 0 || dt_k_convert(h, t, y + lo, DT_F32, c) < 0;
+        bad |= dt_k_convert(v, DT_F32, h, t, c) < 0 || (y && dt_k_convert(h, t, y + lo, DT_F32, c) < 0);
     }
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
 }

@@ -19,7 +19,9 @@
  * AVX512_BF16), the linears' bias gradients too (A sums the shadow, B the
  * f32 gradient), and the counters say which way each GEMM took its gradient:
  * A no rounding pass (but the pack's q, whose gradient is a copy), B the
- * casts' shadows (attention: a rounding pass per GEMM). */
+ * casts' shadows (attention: a rounding pass per GEMM). Where the GEMM's
+ * backward is the gradient's one reader, bias + GELU and the add write the
+ * shadow alone (grad_f32_skipped): the f32 values are never written. */
 #include "dtrain/dtrain.h"
 #include "test.h"
 
@@ -162,8 +164,9 @@ static void shadow_case(dt_dtype dt, producer p)
         const int conv = p == P_ATTN ? ngemm : 0;
         ASSERT_EQ_INT((int)s[1].grad_rounds, conv);
         ASSERT_EQ_INT((int)s[1].grad_shadows, ngemm - conv);
-        /* A's bias + GELU wrote its input's gradient in the GEMM's dtype alone (the GEMM its one reader) */
-        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, p == P_GELU ? 1 : 0);
+        /* A's bias + GELU and add wrote their inputs' gradients in the GEMMs' dtype alone (each GEMM
+         * its one reader) */
+        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, p == P_GELU ? 1 : p == P_ADD ? 2 : 0);
         ASSERT_EQ_INT((int)s[1].grad_f32_skipped, 0);
         for (int way = 0; way < 2; way++) {
             dt_tensor_free(l[way].x);
