@@ -92,6 +92,10 @@ enum {
      * to the context's arena once the gradient has been passed on. */
     DT_TENSOR_GRAD_OWN = 1u << 8,
     DT_TENSOR_GLP_OWN = 1u << 9,
+    /* Library-internal: this temporary's gradient was written in its
+     * low-precision copy alone, its f32 buffer not (the copy's one reader
+     * takes it); any other access widens the copy into the buffer first. */
+    DT_TENSOR_GLP_ONLY = 1u << 10,
 };
 
 typedef struct dt_tensor dt_tensor;

@@ -125,16 +125,24 @@ void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *s
  * contribution with a shadow in lt (dt__grad_shadow_wanted), may write the
  * shadow alone and leave the f32 buffer unwritten: the one backward that
  * will read t's gradient is its own node's, a bf16/f16 linear or addmm,
- * which takes only the shadow (bw_dense: dX, dW and the bias's sums); t is
- * not retained (DT_TENSOR_RETAIN_GRAD); and no node between t's and n on
- * the tape takes t (so no later contribution accumulates in f32). The
- * caller then calls dt__grad_f32_skipped on the buffer it did not write. */
+ * which takes only the shadow (bw_dense: dX, dW and the bias's sums), later
+ * in the same walk (not a split backward's input half, not a nested walk);
+ * t is not retained (DT_TENSOR_RETAIN_GRAD); and no node between t's and n
+ * on the tape takes t (so no later contribution adds to it). The caller
+ * then sets the shadow and calls dt__grad_f32_skipped. */
 bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor *t, dt_dtype lt);
-/* Count the skipped f32 write (dt_ag_stats.grad_f32_skipped); in builds
- * with assertions, fill the unwritten buffer (n floats) with NaN, so a
- * reader the rule above missed fails its test instead of reading stale
- * values. */
-void dt__grad_f32_skipped(dt_ctx *ctx, float *f32buf, int64_t n);
+/* t's gradient, just given its shadow (dt__grad_shadow_set), was written
+ * there alone: count it (dt_ag_stats.grad_f32_skipped) and mark t
+ * (DT_TENSOR_GLP_ONLY), so that any access but the shadow's reader widens
+ * the shadow into the f32 buffer first (dt__grad_f32_fill: every write
+ * access, which drops the shadow, and a GEMM's backward that finds no
+ * shadow); in builds with assertions the unwritten buffer holds NaN till
+ * then, so a reader that bypasses both fails its test. */
+void dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t);
+/* Where t's gradient is held in its shadow alone (DT_TENSOR_GLP_ONLY): the
+ * shadow widened into the f32 buffer (exact: the values are the shadow's),
+ * the mark cleared. Nothing otherwise. */
+void dt__grad_f32_fill(dt_tensor *t);
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
 
 /* A node's backward has ended: its scratch goes back to the arena

@@ -192,8 +192,18 @@ static size_t shadow_bytes(const dt_tensor *t, dt_dtype lt)
 /* A contribution to t's gradient is about to be written: the low-precision
  * copy of a temporary's gradient (given back when backward allocated it)
  * and a leaf's finite mark no longer hold. */
+void dt__grad_f32_fill(dt_tensor *t)
+{
+    if (!(t->flags & DT_TENSOR_GLP_ONLY))
+        return;
+    t->flags &= ~(uint32_t)DT_TENSOR_GLP_ONLY;
+    if (t->glp_ && t->grad && t->grad->dtype == DT_F32) /* the copy's values, held in f32: widened exactly */
+        (void)dt_k_convert(t->glp_, t->glp_dtype_, t->grad->data, DT_F32, dt_tensor_numel(t));
+}
+
 static void shadow_drop(dt_ctx *ctx, dt_tensor *t)
 {
+    dt__grad_f32_fill(t); /* a gradient held in its shadow alone: its f32 values before the shadow goes */
     if ((t->flags & DT_TENSOR_GLP_OWN) && t->glp_)
         dt_arena_give_back(ctx->arena, t->glp_, shadow_bytes(t, t->glp_dtype_));
     t->flags &= ~(uint32_t)DT_TENSOR_GLP_OWN;
@@ -215,6 +225,7 @@ void dt__grad_drop(dt_ctx *ctx, dt_tensor *t)
         dt_arena_give_back(ctx->arena, ctx->scratch[ctx->nscratch - 1], ctx->scratch_bytes[ctx->nscratch - 1]);
     if (!t || !(t->flags & DT_TENSOR_TEMP) || (t->flags & DT_TENSOR_RETAIN_GRAD))
         return;
+    t->flags &= ~(uint32_t)DT_TENSOR_GLP_ONLY; /* passed on: nothing to widen */
     shadow_drop(ctx, t);
     if ((t->flags & DT_TENSOR_GRAD_OWN) && t->grad)
         dt_arena_give_back(ctx->arena, t->grad->data, dt_tensor_nbytes(t->grad));
@@ -279,7 +290,10 @@ void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *s
 
 bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor *t, dt_dtype lt)
 {
-    if (!dt__grad_shadow_wanted(t, lt) || (t->flags & DT_TENSOR_RETAIN_GRAD) || !n)
+    /* not in a split backward's input half (the node's weight half reads the gradient later, in
+     * another pass) nor in a nested walk (a checkpointed region's) */
+    if (!dt__grad_shadow_wanted(t, lt) || (t->flags & DT_TENSOR_RETAIN_GRAD) || !n || ctx->split_input ||
+        ctx->walk_lo != 0)
         return false;
     const dt__node *p = t->node_;
     if ((p->op != DT_OP_LINEAR && p->op != DT_OP_ADDMM) || p->idx >= n->idx || n->idx - p->idx > 8 ||
@@ -295,14 +309,16 @@ bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor 
     return uses == 1;
 }
 
-void dt__grad_f32_skipped(dt_ctx *ctx, float *f32buf, int64_t n)
+void dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t)
 {
+    if (!t->glp_ || !t->grad || t->grad->data != t->glp_of_) /* no shadow set: the values are nowhere */
+        return;
     ctx->ag_stats.grad_f32_skipped++;
+    t->flags |= DT_TENSOR_GLP_ONLY;
 #ifndef NDEBUG
-    for (int64_t i = 0; i < n; i++)
-        f32buf[i] = __builtin_nanf("");
-#else
-    (void)f32buf, (void)n;
+    float *f = t->grad->data;
+    for (int64_t i = 0, n = dt_tensor_numel(t); i < n; i++)
+        f[i] = __builtin_nanf("");
 #endif
 }
 

@@ -121,12 +121,12 @@ static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
             if (!g)
                 return dt_last_status();
             st = dt_k_grad_round_lp(x->dtype, gout, lp_only ? NULL : g, gs, m);
-            if (st >= 0 && lp_only)
-                dt__grad_f32_skipped(ctx, g, m);
             if (st >= 0)
                 st = dt__grad_commit(ctx, x, g);
             if (st >= 0 && gs)
                 dt__grad_shadow_set(ctx, x, g, gs, x->dtype);
+            if (st >= 0 && lp_only)
+                dt__grad_f32_skipped(ctx, x);
         }
         if (st < 0)
             return st;

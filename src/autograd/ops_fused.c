@@ -162,12 +162,12 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
                                                lp_only ? NULL : gx, gs, gb, DT_K_GELU_TANH);
     if (st < 0)
         return st;
-    if (lp_only)
-        dt__grad_f32_skipped(ctx, gx, R * N);
     if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
         return st;
     if (gs)
         dt__grad_shadow_set(ctx, X, gx, gs, t);
+    if (lp_only)
+        dt__grad_f32_skipped(ctx, X);
     if (gb && (st = dt__grad_commit(ctx, bias, gb)) < 0)
         return st;
     return DT_OK;

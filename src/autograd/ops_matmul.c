@@ -48,6 +48,7 @@ static const void *grad_lp(dt_ctx *ctx, const dt__node *n, const float *gout, in
         ctx->ag_stats.grad_shadows++;
         return s;
     }
+    dt__grad_f32_fill(n->out); /* held in a shadow of another dtype alone: gout's values first */
     void *g = dt_arena_alloc(ctx->arena, (size_t)m * 2 + 2);
     if (g && dt_k_convert(gout, DT_F32, g, t, m) < 0)
         return NULL;
