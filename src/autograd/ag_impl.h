@@ -137,8 +137,9 @@ bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor 
  * the shadow into the f32 buffer first (dt__grad_f32_fill: every write
  * access, which drops the shadow, and a GEMM's backward that finds no
  * shadow); in builds with assertions the unwritten buffer holds NaN till
- * then, so a reader that bypasses both fails its test. */
-void dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t);
+ * then, so a reader that bypasses both fails its test. DT_ERR_INTERNAL
+ * (and nothing marked) when t holds no such shadow: the values are lost. */
+dt_status dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t);
 /* Where t's gradient is held in its shadow alone (DT_TENSOR_GLP_ONLY): the
  * shadow widened into the f32 buffer (exact: the values are the shadow's),
  * the mark cleared. Nothing otherwise. */

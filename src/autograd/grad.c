@@ -189,9 +189,6 @@ static size_t shadow_bytes(const dt_tensor *t, dt_dtype lt)
     return (size_t)dt_tensor_numel(t) * dt_dtype_size(lt);
 }
 
-/* A contribution to t's gradient is about to be written: the low-precision
- * copy of a temporary's gradient (given back when backward allocated it)
- * and a leaf's finite mark no longer hold. */
 void dt__grad_f32_fill(dt_tensor *t)
 {
     if (!(t->flags & DT_TENSOR_GLP_ONLY))
@@ -201,6 +198,9 @@ void dt__grad_f32_fill(dt_tensor *t)
         (void)dt_k_convert(t->glp_, t->glp_dtype_, t->grad->data, DT_F32, dt_tensor_numel(t));
 }
 
+/* A contribution to t's gradient is about to be written: the low-precision
+ * copy of a temporary's gradient (given back when backward allocated it)
+ * and a leaf's finite mark no longer hold. */
 static void shadow_drop(dt_ctx *ctx, dt_tensor *t)
 {
     dt__grad_f32_fill(t); /* a gradient held in its shadow alone: its f32 values before the shadow goes */
@@ -309,10 +309,11 @@ bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor 
     return uses == 1;
 }
 
-void dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t)
+dt_status dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t)
 {
-    if (!t->glp_ || !t->grad || t->grad->data != t->glp_of_) /* no shadow set: the values are nowhere */
-        return;
+    if (!t->glp_ || !t->grad || t->grad->data != t->glp_of_) /* the values would be nowhere */
+        return dt_error(DT_ERR_INTERNAL, "backward: a gradient was written in %s alone but that copy was not kept",
+                        dt_dtype_name(t->glp_ ? t->glp_dtype_ : t->dtype));
     ctx->ag_stats.grad_f32_skipped++;
     t->flags |= DT_TENSOR_GLP_ONLY;
 #ifndef NDEBUG
@@ -320,6 +321,7 @@ void dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t)
     for (int64_t i = 0, n = dt_tensor_numel(t); i < n; i++)
         f[i] = __builtin_nanf("");
 #endif
+    return DT_OK;
 }
 
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)

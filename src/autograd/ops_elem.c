@@ -126,7 +126,7 @@ static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
             if (st >= 0 && gs)
                 dt__grad_shadow_set(ctx, x, g, gs, x->dtype);
             if (st >= 0 && lp_only)
-                dt__grad_f32_skipped(ctx, x);
+                st = dt__grad_f32_skipped(ctx, x);
         }
         if (st < 0)
             return st;

@@ -166,8 +166,8 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
         return st;
     if (gs)
         dt__grad_shadow_set(ctx, X, gx, gs, t);
-    if (lp_only)
-        dt__grad_f32_skipped(ctx, X);
+    if (lp_only && (st = dt__grad_f32_skipped(ctx, X)) < 0)
+        return st;
     if (gb && (st = dt__grad_commit(ctx, bias, gb)) < 0)
         return st;
     return DT_OK;

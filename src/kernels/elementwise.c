@@ -322,8 +322,6 @@ dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, void *ylp, in
     DT__CHECK_PTR(fn, g, n);
     if (!ylp)
         DT__CHECK_PTR(fn, y, n);
-    if (!y && !ylp)
-        return DT_OK;
     const int64_t nb = (n + LP_ADD_BLK - 1) / LP_ADD_BLK;
     int nt = dt__threads_for(n), bad = 0;
     const bool v16 = t == DT_BF16 && dt__vec_level() >= DT__VEC_AVX512;
