@@ -136,7 +136,7 @@ bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor 
  * (DT_TENSOR_GLP_ONLY), so that any access but the shadow's reader widens
  * the shadow into the f32 buffer first (dt__grad_f32_fill: every write
  * access, which drops the shadow, and a GEMM's backward that finds no
- * shadow); in builds with assertions the unwritten buffer holds NaN till
+ * shadow); in Debug builds (DT_POISON_UNWRITTEN) the unwritten buffer holds NaN till
  * then, so a reader that bypasses both fails its test. DT_ERR_INTERNAL
  * (and nothing marked) when t holds no such shadow: the values are lost. */
 dt_status dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t);

@@ -316,7 +316,7 @@ dt_status dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t)
                         dt_dtype_name(t->glp_ ? t->glp_dtype_ : t->dtype));
     ctx->ag_stats.grad_f32_skipped++;
     t->flags |= DT_TENSOR_GLP_ONLY;
-#ifndef NDEBUG
+#ifdef DT_POISON_UNWRITTEN
     float *f = t->grad->data;
     for (int64_t i = 0, n = dt_tensor_numel(t); i < n; i++)
         f[i] = __builtin_nanf("");
