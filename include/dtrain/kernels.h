@@ -813,7 +813,11 @@ DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_
  * dq = dS k, dk^T = q^T dS, dv^T = dy^T P run on the tiles, dk and dv each one tile sum over the rows, dq added
  * key block by key block: the same bound; a head whose q, k, v or rounded
  * dy holds an infinity or a NaN runs the rows instead. dqkv_lp (B, T, 3C)
- * of t, or NULL: the same values stored as t as well, in the same pass. */
+ * of t, or NULL: the same values stored as t as well, in the same pass.
+ * dqkv may be NULL where dqkv_lp is given: the gradient is then written in
+ * t alone, the same bits (where the tiles run, no f32 value is stored; the
+ * rows sum in f32 rows of each thread's own). The _lp entry points above
+ * and dt_k_attention_ex_bwd take the same two outputs. */
 DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                              const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
                                              int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv,

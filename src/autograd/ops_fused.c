@@ -28,16 +28,21 @@ dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
     const dt_dtype t = (dt_dtype)n->i[6];
     bool err = false; /* the shadow before grad_begin gives qkv its gradient */
     void *gs = dt__grad_shadow_maybe(ctx, n->in[0], t, &err);
+    /* qkv's GEMM the gradient's one reader: written in t alone (decided before grad_begin) */
+    const bool lp_only = gs && !err && dt__grad_shadow_only(ctx, n, n->in[0], t);
     float *g = err ? NULL : dt__grad_begin(ctx, n->in[0]);
     if (!g)
         return dt_last_status();
     const int64_t B = n->i[0], T = n->i[1], H = n->i[2], D = n->i[3];
     dt_status st = dt_k_attention_ex_bwd(t, a->qkv, a->y, a->lse, gout, B, T, H, D, s->head0, s->heads_total,
-                                         s->causal, s->window, s->softcap, s->dropout_p, s->key, g, gs);
+                                         s->causal, s->window, s->softcap, s->dropout_p, s->key, lp_only ? NULL : g,
+                                         gs);
     if (st < 0 || (st = dt__grad_commit(ctx, n->in[0], g)) < 0)
         return st;
     if (gs)
         dt__grad_shadow_set(ctx, n->in[0], g, gs, t);
+    if (lp_only && (st = dt__grad_f32_skipped(ctx, n->in[0])) < 0)
+        return st;
     return DT_OK;
 }
 

@@ -1319,7 +1319,9 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
 #endif
 
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
- * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones.
+ * owns, in gbase: batch b's T rows of the f32 gradient (3C floats a row;
+ * the caller's dqkv, or with a gradient wanted in t alone the thread's own
+ * rows, each task zeroing its columns first). Cloned for AVX2 as fwd_task, with the same bits on both clones.
  * t: qkv's dtype. The head's q, k, v are first copied (f32) or widened
  * (bf16/f16) into an f32 [T][3D] tile and dy's head columns copied (f32) or
  * rounded to t (the gradient of a t result) into a [T][D] one: the loops
@@ -1330,12 +1332,12 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
 DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                const float *dy, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
                                int64_t window, float cap, float p, dt_rng_key key, int64_t b, int64_t h, float *kt,
-                               float *dqkv, uint16_t *dlp)
+                               float *gbase, uint16_t *dlp)
 {
     const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
     const int64_t C = H * D, C3 = 3 * C, bh = b * H + h;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-    float *gbase = dqkv + b * T * C3, *vt = kt + DMAX * BK;
+    float *vt = kt + DMAX * BK;
     float *pdm = vt + DMAX * BK, *dsm = pdm + T * BK; /* [T, BK] each: P (dropped) and dS of the block */
     float sc[BK], dp[BK], th[BK];
     uint16_t hb[DMAX];
@@ -1426,9 +1428,9 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     }
     for (int64_t i = 0; i < T && t != DT_F32; i++)
         for (int k = 0; k < 3; k++) {
-            const int64_t at = (b * T + i) * C3 + k * C + h * D;
-            float *gr = dqkv + at;
-            round_row(vec, t, gr, gr, dlp ? dlp + at : hb, D);
+            const int64_t at = i * C3 + k * C + h * D;
+            float *gr = gbase + at;
+            round_row(vec, t, gr, gr, dlp ? dlp + b * T * C3 + at : hb, D);
         }
 }
 
@@ -1453,15 +1455,17 @@ DT__AVX512 static void round_bf16_nt16(const float *s, float *d, uint16_t *h, in
 {
     for (int64_t i = 0; i < n; i += 16) {
         const __m512 r = dt__bf16_round16(_mm512_loadu_ps(s + i));
-        _mm512_stream_ps(d + i, r);
+        if (d)
+            _mm512_stream_ps(d + i, r);
         dt__bf16_store16(h + i, r);
     }
 }
 #endif
 
 /* The rows' final rounding on the tiles: round_row, with streaming stores
- * for d where the row allows them. */
-static inline void amx_round_out(int vec, const float *s, float *d, uint16_t *h, int64_t n)
+ * for d where the row allows them; d NULL: h alone (s, the task's scratch,
+ * rounded in place where round_row runs). */
+static inline void amx_round_out(int vec, float *s, float *d, uint16_t *h, int64_t n)
 {
 #if DT__X86_VEC
     if (vec >= DT__VEC_AVX512 && n % 16 == 0 && ((uintptr_t)d & 63) == 0) {
@@ -1469,7 +1473,7 @@ static inline void amx_round_out(int vec, const float *s, float *d, uint16_t *h,
         return;
     }
 #endif
-    round_row(vec, DT_BF16, s, d, h, n);
+    round_row(vec, DT_BF16, s, d ? d : s, h, n);
 }
 
 /* A backward task's scratch in bytes on the tiles, at least bwd_scratch's
@@ -1521,7 +1525,7 @@ static void amx_probs_t(int vec, const float *sc, const float *th, const float *
  * index a query, kd column blocks of nqb steps), K^T as an A panel (kT:
  * rows d, Tp apart); a key block's P^T and dS^T rows (pa, sa: 32 rows of Tp
  * values) and one query block's dS^T paired along the keys (sb). */
-DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv,
+DT_CLONES static bool bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv,
                                    const float *y, const float *lse, const float *dy, int64_t T, int64_t H, int64_t D,
                                    int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p,
                                    dt_rng_key key, int64_t b, int64_t h, void *scratch, float *dqkv, uint16_t *dlp)
@@ -1532,7 +1536,7 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
     const float *yh = y + b * T * C + h * D, *dyh = dy + b * T * C + h * D, *L = lse + bh * T;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-    float *g = dqkv + b * T * C3 + h * D;
+    float *g = dqkv ? dqkv + b * T * C3 + h * D : NULL; /* NULL: the gradient in bf16 alone (dlp) */
     uint16_t *ka = scratch, *va = ka + pn, *qt = va + pn, *gt = qt + pn, *gb = gt + pn, *qb = gb + pn;
     uint16_t *kT = qb + pn, *gh = kT + pn; /* gh: dy rounded, [Tp][Dp] */
     uint16_t *pa = gh + pn, *sa = pa + AB * Tp, *sb = sa + AB * Tp;
@@ -1587,9 +1591,15 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     if (bf16_nonfinite(vec, ka, pn) || bf16_nonfinite(vec, va, pn) || bf16_nonfinite(vec, qt, pn) ||
         bf16_nonfinite(vec, gh, pn)) {
         atomic_fetch_add(&g_amx_fallbacks, 1);
-        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, b, h, scratch, dqkv,
+        /* the rows sum in f32 rows of the gradient: without dqkv, rows of this task's own */
+        float *rb = dqkv ? dqkv + b * T * C3 : dt_alloc((size_t)(T * C3) * sizeof(float));
+        if (!rb)
+            return false;
+        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, b, h, scratch, rb,
                  dlp);
-        return;
+        if (!dqkv)
+            dt_free(rb);
+        return true;
     }
     atomic_fetch_add(&g_amx_tasks, 1);
     amx_configure(tiles, on);
@@ -1637,14 +1647,16 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         uint16_t *dl = dlp ? dlp + (b * T + i) * C3 + h * D : NULL;
         for (int64_t d = 0; d < D; d++)
             wr[d] = dqt[d * ldq + i];
-        amx_round_out(vec, wr, g + i * C3, dl ? dl : hb, D);
+        amx_round_out(vec, wr, g ? g + i * C3 : NULL, dl ? dl : hb, D);
         for (int c = 0; c < 2; c++)
-            amx_round_out(vec, gw + i * 2 * Dp + c * Dp, g + i * C3 + (c + 1) * C, dl ? dl + (c + 1) * C : hb, D);
+            amx_round_out(vec, gw + i * 2 * Dp + c * Dp, g ? g + i * C3 + (c + 1) * C : NULL, dl ? dl + (c + 1) * C : hb,
+                          D);
     }
 #if DT__X86_VEC
     if (vec >= DT__VEC_AVX512)
         _mm_sfence(); /* the streaming stores before the task's end */
 #endif
+    return true;
 }
 
 /* window: as fwd_run's */
@@ -1662,32 +1674,37 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
     DT__CHECK_PTR(fn, y, B * T * C);
     DT__CHECK_PTR(fn, lse, B * H * T);
     DT__CHECK_PTR(fn, dy, B * T * C);
-    DT__CHECK_PTR(fn, dqkv, B * T * C3);
+    if (!dqkv_lp || t == DT_F32) /* dqkv NULL: the gradient in t alone, into dqkv_lp */
+        DT__CHECK_PTR(fn, dqkv, B * T * C3);
     window = window < T ? window : 0;
     int nt = dt__threads_for(B * T * (window ? window : T) * C * 2);
     bool nomem = false;
     const int vec = task_vec(t);
     const dt__amx_tiles *tiles = att_tiles(t, T);
     const size_t scratch = tiles ? bwd_scratch_amx(T, D) : bwd_scratch(t, T, D) * sizeof(float);
+    /* the rows (not the tiles, which sum in their own blocks) sum in f32 rows of the gradient: without
+       dqkv, a batch's rows of the thread's own */
+    const size_t rows = dqkv || tiles ? 0 : (size_t)(T * C3) * sizeof(float);
 #pragma omp parallel num_threads(nt)
     {
-        float *kt = dt_alloc(scratch);
-        bool on = false; /* this thread's tiles configured */
-        if (!kt) {
+        float *kt = dt_alloc(scratch), *gr = rows ? dt_alloc(rows) : NULL;
+        bool on = false, ok = kt && (gr || !rows); /* on: this thread's tiles configured */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bh = 0; bh < B * H; bh++)
+            if (ok && tiles)
+                ok = bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key,
+                                  bh / H, bh % H, kt, dqkv, dqkv_lp);
+            else if (ok)
+                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, kt,
+                         dqkv ? dqkv + bh / H * T * C3 : gr, dqkv_lp);
+        if (!ok) {
 #pragma omp atomic write
             nomem = true;
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t bh = 0; bh < B * H; bh++)
-            if (kt && tiles)
-                bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H,
-                             bh % H, kt, dqkv, dqkv_lp);
-            else if (kt)
-                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, kt,
-                         dqkv, dqkv_lp);
         if (on)
             tiles->release();
         dt_free(kt);
+        dt_free(gr);
     }
     if (nomem)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the key and value blocks", fn);

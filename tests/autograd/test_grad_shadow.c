@@ -20,8 +20,9 @@
  * f32 gradient), and the counters say which way each GEMM took its gradient:
  * A no rounding pass (but the pack's q, whose gradient is a copy), B the
  * casts' shadows (attention: a rounding pass per GEMM). Where the GEMM's
- * backward is the gradient's one reader, bias + GELU and the add write the
- * shadow alone (grad_f32_skipped): the f32 values are never written. */
+ * backward is the gradient's one reader, bias + GELU, the add and attention
+ * write the shadow alone (grad_f32_skipped): the f32 values are never
+ * written. */
 #include "dtrain/dtrain.h"
 #include "test.h"
 
@@ -164,9 +165,9 @@ static void shadow_case(dt_dtype dt, producer p)
         const int conv = p == P_ATTN ? ngemm : 0;
         ASSERT_EQ_INT((int)s[1].grad_rounds, conv);
         ASSERT_EQ_INT((int)s[1].grad_shadows, ngemm - conv);
-        /* A's bias + GELU and add wrote their inputs' gradients in the GEMMs' dtype alone (each GEMM
-         * its one reader) */
-        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, p == P_GELU ? 1 : p == P_ADD ? 2 : 0);
+        /* A's bias + GELU, add and attention wrote their inputs' gradients in the GEMMs' dtype alone
+         * (each GEMM its one reader) */
+        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, p == P_GELU || p == P_ATTN ? 1 : p == P_ADD ? 2 : 0);
         ASSERT_EQ_INT((int)s[1].grad_f32_skipped, 0);
         for (int way = 0; way < 2; way++) {
             dt_tensor_free(l[way].x);

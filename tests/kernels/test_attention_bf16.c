@@ -624,6 +624,56 @@ TEST(amx_nonfinite_every_lane)
     }
 }
 
+/* The gradient in bf16 alone (dqkv NULL, as autograd asks where qkv's GEMM
+ * is its one reader): the same bf16 bits as beside the f32 gradient, on the
+ * tiles (g_tiles; a head with a non-finite value takes the rows, which then
+ * sum in rows of their own) and on the rows of every path the CPU has; an
+ * f16 qkv (the rows); and no output at all refused. */
+TEST(lp_alone_same_bits)
+{
+    enum { B = 2, T = 70, H = 2, D = 64, C = H * D, C3 = 3 * C };
+    static float x[B * T * C3], dy[B * T * C], y[B * T * C], lse[B * H * T], g[B * T * C3];
+    static uint16_t xh[B * T * C3], d1[B * T * C3], d2[B * T * C3];
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 0, 0), 0, x, B * T * C3, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 1, 0), 0, dy, B * T * C, -1.0f, 1.0f);
+    const dt_rng_key key = dt_rng_key_make(78, DT_RNG_DROPOUT, 0, 0);
+    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
+    for (int run = 0; run < 3 * 4; run++) {
+        const int how = run / 4; /* 0: the tiles; 1: the tiles, head 1 of batch 1 non-finite; 2: the rows */
+        if (dt_k_set_isa(paths[run % 4]) != DT_OK)
+            continue;
+        for (int dt = 0; dt < (how == 2 ? 2 : 1); dt++) {
+            const dt_dtype t = dt ? DT_F16 : DT_BF16;
+            ASSERT_OK(dt_k_convert(x, DT_F32, xh, t, B * T * C3));
+            if (how == 1)
+                xh[(T + 3) * C3 + D + 5] = t == DT_BF16 ? 0x7f80 : 0x7c00; /* batch 1, row 3, head 1's q: inf */
+            dt__attention_amx_force(how < 2 ? g_tiles : NULL);
+            dt__attention_amx_disable(how == 2);
+            dt__attention_amx_stats s0, s1;
+            dt__attention_amx_stats_get(&s0);
+            ASSERT_OK(dt_k_attention_ex_fwd(t, xh, B, T, H, D, 0, H, true, 0, 0.0f, 0.1f, key, y, NULL, lse));
+            memset(d1, 0x5a, sizeof d1), memset(d2, 0xa5, sizeof d2);
+            ASSERT_OK(dt_k_attention_ex_bwd(t, xh, y, lse, dy, B, T, H, D, 0, H, true, 0, 0.0f, 0.1f, key, g, d1));
+            ASSERT_OK(dt_k_attention_ex_bwd(t, xh, y, lse, dy, B, T, H, D, 0, H, true, 0, 0.0f, 0.1f, key, NULL, d2));
+            dt__attention_amx_stats_get(&s1);
+            dt__attention_amx_force(NULL);
+            dt__attention_amx_disable(false);
+            if (memcmp(d1, d2, sizeof d1))
+                TEST_FAIL_("%s qkv, run %d (path %d): the gradient in %s alone differs from the one beside f32",
+                           dt_dtype_name(t), how, (int)paths[run % 4], dt_dtype_name(t));
+            if (how < 2) /* the tiles ran (the non-finite head on the rows) */
+                ASSERT(s1.tasks > s0.tasks && (s1.fallbacks > s0.fallbacks) == (how == 1));
+            else
+                ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
+        }
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    ASSERT(dt_k_attention_ex_bwd(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, true, 0, 0.0f, 0.0f, key, NULL, NULL) ==
+           DT_ERR_NULL);
+    ASSERT(dt_k_attention_bwd_heads_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, true, 0.0f, key, NULL, NULL) ==
+           DT_ERR_NULL);
+}
+
 /* The run-time choice: a bf16 qkv of 64 tokens or more takes the tiles on
  * the avx512_bf16 path where AMX is usable (unless DT_ATTN_AMX=off; a
  * shorter one only with DT_ATTN_AMX=on), never below that path, never an
@@ -688,6 +738,7 @@ static int run_tile_checks(void)
     RUN(amx_threads_same_bits);
     RUN(amx_nonfinite_falls_back);
     RUN(amx_nonfinite_every_lane);
+    RUN(lp_alone_same_bits);
     RUN(amx_dispatch);
     return TEST_REPORT();
 }
