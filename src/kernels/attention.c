@@ -1321,14 +1321,15 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
  * owns, in gbase: batch b's T rows of the f32 gradient (3C floats a row;
  * the caller's dqkv, or with a gradient wanted in t alone the thread's own
- * rows, each task zeroing its columns first). Cloned for AVX2 as fwd_task, with the same bits on both clones.
- * t: qkv's dtype. The head's q, k, v are first copied (f32) or widened
- * (bf16/f16) into an f32 [T][3D] tile and dy's head columns copied (f32) or
- * rounded to t (the gradient of a t result) into a [T][D] one: the loops
- * read contiguous rows, not rows 3C floats apart (see dt__att_key_stride); with
- * bf16/f16 the head's dq, dk, dv are rounded to t at the end (the gradient
- * of a t input; also stored as t in dlp, the whole dqkv's, when it is not
- * NULL). kt: bwd_scratch(t, T, D). */
+ * rows, each task zeroing its columns first). Cloned for AVX2 as fwd_task,
+ * with the same bits on both clones. t: qkv's dtype. The head's q, k, v
+ * are first copied (f32) or widened (bf16/f16) into an f32 [T][3D] tile
+ * and dy's head columns copied (f32) or rounded to t (the gradient of a t
+ * result) into a [T][D] one: the loops read contiguous rows, not rows 3C
+ * floats apart (see dt__att_key_stride); with bf16/f16 the head's dq, dk,
+ * dv are rounded to t at the end (the gradient of a t input; also stored
+ * as t in dlp, the whole gradient's, when it is not NULL). kt:
+ * bwd_scratch(t, T, D). */
 DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                const float *dy, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
                                int64_t window, float cap, float p, dt_rng_key key, int64_t b, int64_t h, float *kt,
@@ -1707,7 +1708,8 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
         dt_free(gr);
     }
     if (nomem)
-        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the key and value blocks", fn);
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the key and value blocks or the gradient's rows",
+                        fn);
     return DT_OK;
 }
 
