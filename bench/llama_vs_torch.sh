@@ -5,9 +5,11 @@
 # batch, sequence length and threads. The three run interleaved, ROUNDS
 # times (dtrain, compile, eager in each round); each prints its median step
 # (wall) and its median process CPU time per step (cpu_ms: the steadier
-# measure on a shared machine). Prints every round, then the medians over
-# the rounds and the ratios dtrain / torch (the target against
-# torch.compile: at most 0.6). Threads default to 2, the whole of a 2-core
+# measure on a shared machine) and peak RSS. Prints every round, then the
+# medians over the rounds and the ratios dtrain / torch (the target against
+# torch.compile: at most 0.6). A peer that cannot run (no torch or
+# transformers in PEER_PYTHON, a failed step) stops the script with its
+# error. Threads default to 2, the whole of a 2-core
 # machine, as the GPT-2 comparisons run; the peer runs on transparent huge
 # pages (THP_MEM_ALLOC_ENABLE=1, bench/peer_huge_pages.py) as dtrain does.
 #
@@ -44,6 +46,8 @@ done
 dt=$BUILD/dtrain
 [ -x "$dt" ] || { echo "$0: $dt not built" >&2; exit 1; }
 [ -n "${PEER_PYTHON:-}" ] || { echo "$0: set PEER_PYTHON to a python with torch and transformers" >&2; exit 1; }
+"$PEER_PYTHON" -c 'import torch, transformers' 2>/dev/null ||
+  { echo "$0: $PEER_PYTHON cannot import torch and transformers (install them in its environment)" >&2; exit 1; }
 py=("$PEER_PYTHON" bench/torch_llama_step.py --threads "$threads" --batch "$batch" --seq "$seq" --bf16 --steps "$steps")
 model=llama-100m
 if [ -n "$hfcfg" ]; then
@@ -62,15 +66,30 @@ PY
 fi
 med() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 field() { sed -n "s/.*$1[\": ]*\([0-9.]*\).*/\1/p" | head -1; }
-declare -A wall cpu
+errf=$(mktemp "${TMPDIR:-/tmp}/dt_llama_peer_XXXXXX")
+trap 'rm -f "$errf"; [ -z "${dir:-}" ] || rm -rf "$dir"' EXIT
+# the peer's step line; a failed run stops the script with the end of its error output
+peer() {
+  local o
+  if ! o=$("${py[@]}" "$@" 2>"$errf"); then
+    echo "$0: the peer failed: ${py[*]} $*" >&2
+    tail -5 "$errf" >&2
+    return 1
+  fi
+  echo "$o" | tail -1
+}
+declare -A wall cpu rss
 for r in $(seq 1 "$rounds"); do
   out=$("$dt" bench step --model "$model" --precision bf16 --batch "$batch" --seq "$seq" --threads "$threads" \
         --steps "$steps" --peak-reps 0 --json)
   wall[dtrain]+="$(echo "$out" | field median_ms) " cpu[dtrain]+="$(echo "$out" | field '"cpu_ms') "
-  out=$("${py[@]}" --warmup 2 --compile 2>/dev/null | tail -1)
+  rss[dtrain]+="$(echo "$out" | field peak_rss_mib) "
+  out=$(peer --warmup 2 --compile)
   wall[compile]+="$(echo "$out" | field median_ms) " cpu[compile]+="$(echo "$out" | field cpu_ms) "
-  out=$("${py[@]}" --warmup 1 2>/dev/null | tail -1)
+  rss[compile]+="$(echo "$out" | field peak_rss_mib) "
+  out=$(peer --warmup 1)
   wall[eager]+="$(echo "$out" | field median_ms) " cpu[eager]+="$(echo "$out" | field cpu_ms) "
+  rss[eager]+="$(echo "$out" | field peak_rss_mib) "
   last() { local a=($1); echo "${a[-1]}"; }
   echo "round $r (load $(cut -d' ' -f1 /proc/loadavg)): median_ms / cpu_ms  dtrain $(last "${wall[dtrain]}") /" \
        "$(last "${cpu[dtrain]}")  compile $(last "${wall[compile]}") / $(last "${cpu[compile]}")  eager" \
@@ -78,8 +97,9 @@ for r in $(seq 1 "$rounds"); do
 done
 for k in dtrain compile eager; do
   w=$(echo "${wall[$k]}" | tr ' ' '\n' | grep . | med) c=$(echo "${cpu[$k]}" | tr ' ' '\n' | grep . | med)
+  m=$(echo "${rss[$k]}" | tr ' ' '\n' | grep . | med)
   eval "W_$k=$w C_$k=$c"
-  echo "$k: median over $rounds rounds: ${w} ms/step, ${c} CPU ms/step"
+  echo "$k: median over $rounds rounds: ${w} ms/step, ${c} CPU ms/step, peak RSS ${m} MiB"
 done
 awk -v dw="$W_dtrain" -v dc="$C_dtrain" -v cw="$W_compile" -v cc="$C_compile" -v ew="$W_eager" -v ec="$C_eager" \
   'BEGIN {printf "dtrain / torch.compile: %.2f (wall), %.2f (CPU); dtrain / eager: %.2f (wall), %.2f (CPU)\n", dw / cw, dc / cc, dw / ew, dc / ec}'

@@ -11,7 +11,7 @@ weights and AdamW; --compile: torch.compile of the model, its compilation in
 the warm-up steps). The loss is the cross-entropy of the logits against
 separate targets, as dtrain's; SDPA attention (transformers' default)."""
 import peer_huge_pages  # noqa: F401  (before torch: the peer on transparent huge pages)
-import argparse, time, torch, torch.nn.functional as F
+import argparse, resource, time, torch, torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 p = argparse.ArgumentParser()
@@ -49,4 +49,5 @@ times.sort(); cpus.sort()
 # cpu_ms: process CPU time (all threads) per step, the steadier measure on a loaded machine
 print(f"torch {torch.__version__} threads {a.threads} bf16 {a.bf16} compile {a.compile} fused_adamw {fused} "
       f"params {sum(q.numel() for q in m.parameters())} median_ms {1000 * times[len(times) // 2]:.1f} "
-      f"min_ms {1000 * times[0]:.1f} cpu_ms {1000 * cpus[len(cpus) // 2]:.1f} loss {loss.item():.4f}")
+      f"min_ms {1000 * times[0]:.1f} cpu_ms {1000 * cpus[len(cpus) // 2]:.1f} loss {loss.item():.4f} "
+      f"peak_rss_mib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")  # ru_maxrss: KiB on Linux
