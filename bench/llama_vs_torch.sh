@@ -48,12 +48,13 @@ dt=$BUILD/dtrain
 [ -n "${PEER_PYTHON:-}" ] || { echo "$0: set PEER_PYTHON to a python with torch and transformers" >&2; exit 1; }
 "$PEER_PYTHON" -c 'import torch, transformers' 2>/dev/null ||
   { echo "$0: $PEER_PYTHON cannot import torch and transformers (install them in its environment)" >&2; exit 1; }
+errf=$(mktemp "${TMPDIR:-/tmp}/dt_llama_peer_XXXXXX") dir=
+trap 'rm -f "$errf"; [ -z "$dir" ] || rm -rf "$dir"' EXIT
 py=("$PEER_PYTHON" bench/torch_llama_step.py --threads "$threads" --batch "$batch" --seq "$seq" --bf16 --steps "$steps")
 model=llama-100m
 if [ -n "$hfcfg" ]; then
   [ -f "$hfcfg" ] || { echo "$0: --hf-config $hfcfg: no such file" >&2; exit 2; }
   dir=$(mktemp -d "${TMPDIR:-/tmp}/dt_hfbench_XXXXXX")
-  trap 'rm -rf "$dir"' EXIT
   cp "$hfcfg" "$dir/config.json"
   "$PEER_PYTHON" - "$dir" <<'PY' 2>/dev/null
 import sys, torch
@@ -66,8 +67,6 @@ PY
 fi
 med() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 field() { sed -n "s/.*$1[\": ]*\([0-9.]*\).*/\1/p" | head -1; }
-errf=$(mktemp "${TMPDIR:-/tmp}/dt_llama_peer_XXXXXX")
-trap 'rm -f "$errf"; [ -z "${dir:-}" ] || rm -rf "$dir"' EXIT
 # the peer's step line; a failed run stops the script with the end of its error output
 peer() {
   local o

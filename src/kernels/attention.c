@@ -1318,6 +1318,19 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
 }
 #endif
 
+/* The f32 rows a backward task of batch b sums into: b's rows of dqkv, or
+ * (dqkv NULL: the gradient wanted in t alone) T rows of the thread's own,
+ * allocated at its first need into *own (freed by bwd_run); NULL when out
+ * of memory. */
+static float *task_rows(float *dqkv, int64_t b, int64_t T, int64_t C3, float **own)
+{
+    if (dqkv)
+        return dqkv + b * T * C3;
+    if (!*own)
+        *own = dt_alloc((size_t)(T * C3) * sizeof(float));
+    return *own;
+}
+
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
  * owns, in gbase: batch b's T rows of the f32 gradient (3C floats a row;
  * the caller's dqkv, or with a gradient wanted in t alone the thread's own
@@ -1525,11 +1538,14 @@ static void amx_probs_t(int vec, const float *sc, const float *th, const float *
  * panel, kd steps), dy and q as B panels along the rows (gb, qb: the K
  * index a query, kd column blocks of nqb steps), K^T as an A panel (kT:
  * rows d, Tp apart); a key block's P^T and dS^T rows (pa, sa: 32 rows of Tp
- * values) and one query block's dS^T paired along the keys (sb). */
+ * values) and one query block's dS^T paired along the keys (sb). A head
+ * with a non-finite value runs bwd_task instead, in task_rows(..., own);
+ * false: out of memory for those rows. */
 DT_CLONES static bool bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv,
                                    const float *y, const float *lse, const float *dy, int64_t T, int64_t H, int64_t D,
                                    int64_t h0, int64_t Ht, bool causal, int64_t window, float cap, float p,
-                                   dt_rng_key key, int64_t b, int64_t h, void *scratch, float *dqkv, uint16_t *dlp)
+                                   dt_rng_key key, int64_t b, int64_t h, void *scratch, float *dqkv, uint16_t *dlp,
+                                   float **own)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
     const int64_t nqb = (T + AB - 1) / AB, Tp = nqb * AB, Dp = kd * AB, pn = Tp * Dp;
@@ -1592,14 +1608,11 @@ DT_CLONES static bool bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     if (bf16_nonfinite(vec, ka, pn) || bf16_nonfinite(vec, va, pn) || bf16_nonfinite(vec, qt, pn) ||
         bf16_nonfinite(vec, gh, pn)) {
         atomic_fetch_add(&g_amx_fallbacks, 1);
-        /* the rows sum in f32 rows of the gradient: without dqkv, rows of this task's own */
-        float *rb = dqkv ? dqkv + b * T * C3 : dt_alloc((size_t)(T * C3) * sizeof(float));
-        if (!rb)
+        float *rows = task_rows(dqkv, b, T, C3, own);
+        if (!rows)
             return false;
-        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, b, h, scratch, rb,
+        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, b, h, scratch, rows,
                  dlp);
-        if (!dqkv)
-            dt_free(rb);
         return true;
     }
     atomic_fetch_add(&g_amx_tasks, 1);
@@ -1683,21 +1696,23 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
     const int vec = task_vec(t);
     const dt__amx_tiles *tiles = att_tiles(t, T);
     const size_t scratch = tiles ? bwd_scratch_amx(T, D) : bwd_scratch(t, T, D) * sizeof(float);
-    /* the rows (not the tiles, which sum in their own blocks) sum in f32 rows of the gradient: without
-       dqkv, a batch's rows of the thread's own */
-    const size_t rows = dqkv || tiles ? 0 : (size_t)(T * C3) * sizeof(float);
 #pragma omp parallel num_threads(nt)
     {
-        float *kt = dt_alloc(scratch), *gr = rows ? dt_alloc(rows) : NULL;
-        bool on = false, ok = kt && (gr || !rows); /* on: this thread's tiles configured */
+        /* own: the thread's f32 rows where the rows run without dqkv (task_rows) */
+        float *kt = dt_alloc(scratch), *own = NULL;
+        bool on = false, ok = kt != NULL; /* on: this thread's tiles configured */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t bh = 0; bh < B * H; bh++)
-            if (ok && tiles)
+        for (int64_t bh = 0; bh < B * H; bh++) {
+            if (ok && tiles) {
                 ok = bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key,
-                                  bh / H, bh % H, kt, dqkv, dqkv_lp);
-            else if (ok)
-                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H, kt,
-                         dqkv ? dqkv + bh / H * T * C3 : gr, dqkv_lp);
+                                  bh / H, bh % H, kt, dqkv, dqkv_lp, &own);
+            } else if (ok) {
+                float *rows = task_rows(dqkv, bh / H, T, C3, &own);
+                if ((ok = rows != NULL))
+                    bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, window, cap, p, key, bh / H, bh % H,
+                             kt, rows, dqkv_lp);
+            }
+        }
         if (!ok) {
 #pragma omp atomic write
             nomem = true;
@@ -1705,7 +1720,7 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
         if (on)
             tiles->release();
         dt_free(kt);
-        dt_free(gr);
+        dt_free(own);
     }
     if (nomem)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the key and value blocks or the gradient's rows",
