@@ -29,6 +29,13 @@ add_test(NAME tools/first_step_quick
   COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/first_step_quick.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/dtrain)
 set_tests_properties(tools/first_step_quick PROPERTIES TIMEOUT 300 LABELS "tools" SKIP_RETURN_CODE 77)
 
+# bench/speed_targets.sh's verdicts with a stand-in dtrain: met, NOT met, and
+# disturbed when other processes took the CPUs during a row (counters from
+# DT_STAT_DIR, advanced by the stand-in).
+add_test(NAME tools/speed_targets_quick
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/speed_targets_quick.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools/speed_targets_quick PROPERTIES TIMEOUT 120 LABELS "tools")
+
 # signal_shim.so: preloaded by test_proc_safety into other test programs, it
 # makes fork/forkpty fail and refuses (and logs) any signal sent outside the
 # program's own process tree.
