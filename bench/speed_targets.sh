@@ -114,7 +114,6 @@ outside() { # the share of the CPUs' time used outside this script since mark
         split(a, x, " "); split(b, y, " "); cap = (t1 - t0) * hz * n; o = (y[1] - x[1]) - (y[2] - x[2])
         s = cap > 0 && o > 0 ? o / cap : 0; printf "%.3f", s < 1 ? s : 1 }'
 }
-mark
 row() { # name measured op bound [note]: judged (op "-": reported) unless the machine was busy since the last mark
     local v m=$2 o note=${5:-}
     if [ "$2" = na ]; then v="skipped"; else
