@@ -1284,13 +1284,23 @@ dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int
         .ta = ta, .tb = tb, .M = M, .N = N, .K = K,
         .lda = ta ? M : K, .ldb = tb ? K : N,
         .alpha = alpha, .beta = beta, .ldc = N, .bias = bias,
-        /* a bf16 result of 64 MiB and more (a language model head's logits) bypasses the caches:
-         * GPT-2's 2048 x 50304 x 768 on 2 threads, with the log-sum-exp pass that reads it next,
-         * 129-139 -> 124-127 ms; so does a checked one (dt_k_matmul_lp_checked: a weight's
-         * gradient, read next by the optimizer): GPT-2's twelve layers' four weight gradients at
-         * B=4 T=64 (K = 256), outputs cold, 40.6-41.2 -> 35.4-36.1 ms (no read of the lines before
-         * they are written), the bf16 step 235.9-239.7 -> 231.5-235.3 ms, 4 rounds interleaved */
-        .stream = M * N >= ((int64_t)32 << 20) || finite,
+        /* a bf16 result of 1 MiB and more (a layer's output in a training step, a language model
+         * head's logits) bypasses the caches: its lines are not read from memory before they are
+         * written, and the op after reads it from memory either way (each layer's activations are
+         * buffers of their own, cold when the product writes them). On the Xeon with AMX, 2
+         * threads, GPT-2's forward products over 12 layers' outputs, each read by a pass after it
+         * (as attention or GELU reads it), every result streamed against none, medians of 15
+         * rounds interleaved: at 256 rows x 2304 x 768 (1.1 MiB) 9.42 -> 7.90 ms, x 3072 x 768
+         * 11.31 -> 9.85, the 384 KiB results of x 768 x 768 3.52 -> 3.09 and x 768 x 3072 9.59 ->
+         * 9.61; at 2048 rows the four 185.9 -> 167.8. A result the caches still hold (one output
+         * buffer over and over): x 2304 and x 3072 0.97, x 768 x 768 1.07, so not below 1 MiB.
+         * GPT-2's bf16 step at B=4 T=64 0.978 (5 rounds, 0.970-0.986). The logits (GPT-2's 2048 x
+         * 50304 x 768, with the log-sum-exp pass that reads them next) 129-139 -> 124-127 ms. So
+         * does a checked one (dt_k_matmul_lp_checked: a weight's gradient, read next by the
+         * optimizer): GPT-2's twelve layers' four weight gradients at B=4 T=64 (K = 256), outputs
+         * cold, 40.6-41.2 -> 35.4-36.1 ms, the bf16 step 235.9-239.7 -> 231.5-235.3 ms, 4 rounds
+         * interleaved */
+        .stream = M * N >= ((int64_t)1 << 19) || finite,
     };
     bool fin = true, one = true;
     if (finite)
