@@ -115,6 +115,7 @@
 #define NC 256 /* macro block columns (likewise) */
 #define KC 16     /* K steps summed per chunk: 512 values, a 32 x 512 A chunk is 32 KiB (L1) */
 #define KC_ONE 24 /* up to this many K steps in all: one chunk (no partial sums through memory) */
+#define KC_PLAIN 32 /* K steps a chunk of a plain product of many rows, B packed where used (see gemm_run) */
 #define SWAP_ROWS 512 /* a product with B^T and at most this many rows may run transposed */
 #define BJIT_BLOCKS 1536 /* 32 x 32 blocks of a macro block that packs its own chunks of B (see gemm_run) */
 #define BJIT_CHUNK_PANELS 24 /* ... and at most this many panels with K in chunks: 768 KiB of B a chunk (see gemm_run) */
@@ -948,6 +949,30 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
             p.ncb = cdiv(p.ncb, 2);
     }
     p.chunk = kb <= KC_ONE ? kb : KC;
+    /* A plain product (its partial sums through C itself) whose B is packed
+     * where used, with K in chunks and at least 512 rows (a language model
+     * head's input gradient dlogits W, K the vocabulary): the macro block's
+     * C (every row, a thread's columns: 3 MiB at 2048 x 768) is read and
+     * written once a chunk, so its chunks take KC_PLAIN steps, not KC; its
+     * chunk of B (12 panels for 768 columns on 2 threads: 768 KiB) still
+     * fits L2. Chunks change no sum's order (C holds the f32 sums between
+     * them): the same bits. On the Xeon with AMX, 2 threads, cold operands,
+     * medians of 5-7 rounds interleaved: x 768 x 50257 at 512 rows 28.2 ->
+     * 24.1 ms, 1024 rows 51.2 -> 44.0, 2048 rows 96.5 -> 82.8, 4096 rows
+     * 187.5 -> 159.9 (48 steps: the same to 4% slower); 2048 x 768 x 2048
+     * (a Llama MLP's input gradient, 12 layers) 42.3 -> 41.4; at 256 rows
+     * (C 384 KiB a thread) 14.7 -> 15.0, so not there. Products with an epilogue (their
+     * sums in the thread's buffer) and weight gradients ran slower with
+     * longer chunks (2048 x 768 x 3072 with a bias 51.8 -> 53.0 for 12
+     * layers, 768 x 2304 x 2048 47.7 -> 52.0). Wider products halve their
+     * panels to keep the chunk of B at 768 KiB: 1024 x 1536 x 8192, 24
+     * panels a thread, 17.5 ms at KC, 18.9 at KC_PLAIN, 16.8 at KC_PLAIN
+     * with 12. */
+    if (p.plain && p.bjit && kb > KC_ONE && nmb >= 16) {
+        p.chunk = KC_PLAIN;
+        while (p.ncb * KC_PLAIN > BJIT_CHUNK_PANELS * KC && p.ncb > 1)
+            p.ncb = cdiv(p.ncb, 2);
+    }
     /* With K in one chunk a 32-row block's sums are complete once it has
      * crossed the macro block's panels: the epilogue then writes them out
      * at once, from a buffer of 32 rows that stays in L1 and L2, instead of

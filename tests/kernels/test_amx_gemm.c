@@ -331,8 +331,9 @@ TEST(weight_gradient_transposed)
  * before the chunk's products. Column groups of several panels with an
  * edge, K in one chunk and in chunks, each with a partial last step,
  * alpha, beta, a bias, GELU, a wider ldc, a plain product (partial sums
- * through C), A^T, 600 rows with K in chunks, and 1700 columns with K in
- * chunks (more panels than a macro block takes). */
+ * through C), A^T, 600 rows with K in chunks, 1700 columns with K in
+ * chunks (more panels than a macro block takes), and plain products of 520
+ * rows with K in chunks (the longer chunks, with fewer panels when wide). */
 TEST(b_chunks)
 {
     int fails = 0;
@@ -350,6 +351,14 @@ TEST(b_chunks)
     /* K in chunks over more than 24 panels a thread: a macro block's panels halved (the chunk of B in L2) */
     shape w = {.M = dt_test_reduced() ? 64 : 600, .N = 1700, .K = 805, .alpha = 1.0f, .beta = 1.0f};
     fails += run_case(w, VIA_CALL);
+    /* a plain product of at least 512 rows with K in chunks (a language model head's input gradient):
+     * chunks of KC_PLAIN steps, the last one a single step with the K tail; wider, its panels halved */
+    shape h = {.M = 520, .N = dt_test_reduced() ? 64 : 300, .K = 1030, .alpha = 1.0f};
+    fails += run_case(h, VIA_CALL);
+    if (!dt_test_reduced()) {
+        shape hw = {.M = 520, .N = 900, .K = 1030, .alpha = 1.0f};
+        fails += run_case(hw, VIA_CALL);
+    }
     ASSERT_EQ_INT(fails, 0);
 }
 
