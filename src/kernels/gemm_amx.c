@@ -961,10 +961,10 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
      * 24.1 ms, 1024 rows 51.2 -> 44.0, 2048 rows 96.5 -> 82.8, 4096 rows
      * 187.5 -> 159.9 (48 steps: the same to 4% slower); 2048 x 768 x 2048
      * (a Llama MLP's input gradient, 12 layers) 42.3 -> 41.4; at 256 rows
-     * (C 384 KiB a thread) 14.7 -> 15.0, so not there. Products with an epilogue (their
-     * sums in the thread's buffer) and weight gradients ran slower with
-     * longer chunks (2048 x 768 x 3072 with a bias 51.8 -> 53.0 for 12
-     * layers, 768 x 2304 x 2048 47.7 -> 52.0). Wider products halve their
+     * (C 384 KiB a thread) 14.7 -> 15.0, so not there. Products with an
+     * epilogue (their sums in the thread's buffer) and weight gradients ran
+     * slower with longer chunks (2048 x 768 x 3072 with a bias 51.8 -> 53.0
+     * for 12 layers, 768 x 2304 x 2048 47.7 -> 52.0). Wider products halve their
      * panels to keep the chunk of B at 768 KiB: 1024 x 1536 x 8192, 24
      * panels a thread, 17.5 ms at KC, 18.9 at KC_PLAIN, 16.8 at KC_PLAIN
      * with 12. */
@@ -1310,9 +1310,9 @@ dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int
         .lda = ta ? M : K, .ldb = tb ? K : N,
         .alpha = alpha, .beta = beta, .ldc = N, .bias = bias,
         /* a bf16 result of 1 MiB and more (a layer's output in a training step, a language model
-         * head's logits) bypasses the caches: its lines are not read from memory before they are
-         * written, and the op after reads it from memory either way (each layer's activations are
-         * buffers of their own, cold when the product writes them). On the Xeon with AMX, 2
+         * head's logits) bypasses the caches, so its lines are not read from memory before they
+         * are written (each layer's activations are buffers of their own, cold when the product
+         * writes them; the op after reads the result back either way). On the Xeon with AMX, 2
          * threads, GPT-2's forward products over 12 layers' outputs, each read by a pass after it
          * (as attention or GELU reads it), every result streamed against none, medians of 15
          * rounds interleaved: at 256 rows x 2304 x 768 (1.1 MiB) 9.42 -> 7.90 ms, x 3072 x 768
