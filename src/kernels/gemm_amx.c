@@ -938,17 +938,6 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
     const int64_t jncb = kb > KC_ONE ? cdiv(nnb, nt) : NC / BLK;
     p.bjit = !g->pb && !g->tb && p.v && kb && !p.aprivate &&
              (M <= SWAP_ROWS || (kb > KC_ONE && nmb * min64(jncb, BJIT_CHUNK_PANELS) <= BJIT_BLOCKS));
-    if (p.bjit) {
-        p.mcb = nmb;
-        p.ncb = jncb;
-        while (kb <= KC_ONE && cdiv(nnb, p.ncb) < 2 * (int64_t)nt && p.ncb > 1)
-            p.ncb /= 2;
-        while (nmb * p.ncb > BJIT_BLOCKS && p.ncb > 1)
-            p.ncb = cdiv(p.ncb, 2);
-        while (kb > KC_ONE && p.ncb > BJIT_CHUNK_PANELS)
-            p.ncb = cdiv(p.ncb, 2);
-    }
-    p.chunk = kb <= KC_ONE ? kb : KC;
     /* A plain product (its partial sums through C itself) whose B is packed
      * where used, with K in chunks and at least 512 rows (a language model
      * head's input gradient dlogits W, K the vocabulary): the macro block's
@@ -964,13 +953,19 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
      * (C 384 KiB a thread) 14.7 -> 15.0, so not there. Products with an
      * epilogue (their sums in the thread's buffer) and weight gradients ran
      * slower with longer chunks (2048 x 768 x 3072 with a bias 51.8 -> 53.0
-     * for 12 layers, 768 x 2304 x 2048 47.7 -> 52.0). Wider products halve their
-     * panels to keep the chunk of B at 768 KiB: 1024 x 1536 x 8192, 24
-     * panels a thread, 17.5 ms at KC, 18.9 at KC_PLAIN, 16.8 at KC_PLAIN
-     * with 12. */
-    if (p.plain && p.bjit && kb > KC_ONE && nmb >= 16) {
-        p.chunk = KC_PLAIN;
-        while (p.ncb * KC_PLAIN > BJIT_CHUNK_PANELS * KC && p.ncb > 1)
+     * for 12 layers, 768 x 2304 x 2048 47.7 -> 52.0). Its panels are halved
+     * like the others' below, to keep the chunk of B at 768 KiB: 1024 x 1536
+     * x 8192, 24 panels a thread, 17.5 ms at KC, 18.9 at KC_PLAIN, 16.8 at
+     * KC_PLAIN with 12. */
+    p.chunk = kb <= KC_ONE ? kb : p.plain && p.bjit && nmb >= 16 ? KC_PLAIN : KC;
+    if (p.bjit) {
+        p.mcb = nmb;
+        p.ncb = jncb;
+        while (kb <= KC_ONE && cdiv(nnb, p.ncb) < 2 * (int64_t)nt && p.ncb > 1)
+            p.ncb /= 2;
+        while (nmb * p.ncb > BJIT_BLOCKS && p.ncb > 1)
+            p.ncb = cdiv(p.ncb, 2);
+        while (kb > KC_ONE && p.ncb * p.chunk > BJIT_CHUNK_PANELS * KC) /* a chunk of B at most 768 KiB */
             p.ncb = cdiv(p.ncb, 2);
     }
     /* With K in one chunk a 32-row block's sums are complete once it has
