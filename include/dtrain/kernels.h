@@ -663,11 +663,14 @@ DT_API dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *b
  * dx rounded to t's precision (held in f32: the gradient of a t tensor);
  * dbias from the unrounded values. round_dy: dy is first rounded to t (the
  * gradient of a result of dtype t, as its cast's backward rounds it).
- * dx may alias dy. dx_lp (may be NULL): the rounded dx stored as t as
- * well, in the same pass; with dx NULL, there alone (no f32 dx written). */
-DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, bool round_dy,
-                                       int64_t rows, int64_t cols, float *dx, void *dx_lp, float *dbias,
-                                       dt_k_gelu_approx approx);
+ * dy_lp (may be NULL): dy given as t values instead (widened as read; dy
+ * is then not read and may be NULL): round_dy's result where dy_lp holds
+ * dy rounded to t. dx may alias dy. dx_lp (may be NULL): the rounded dx
+ * stored as t as well, in the same pass; with dx NULL, there alone (no f32
+ * dx written). */
+DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy,
+                                       const void *dy_lp, bool round_dy, int64_t rows, int64_t cols, float *dx,
+                                       void *dx_lp, float *dbias, dt_k_gelu_approx approx);
 /* Inverted dropout: element i is kept when dt_rng_uniform(key, offset + i)
  * >= p and then scaled by 1/(1-p), else zeroed. The mask depends only on
  * (key, offset + i): not on threads or call order. p in [0, 1); p = 0

@@ -30,6 +30,7 @@ struct dt__node {
     size_t idx;                     /* position on the tape */
     int needed;                     /* set by backward's pre-pass */
     bool glp_want;                  /* its backward takes out's gradient in glp_dtype (a bf16/f16 GEMM's: grad_lp) */
+    bool glp_alone;                 /* and where there is that shadow, reads it alone (not the f32 values) */
     dt_dtype glp_dtype;
 };
 
@@ -124,9 +125,9 @@ void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *s
 /* Whether the running node n, about to write t's first gradient
  * contribution with a shadow in lt (dt__grad_shadow_wanted), may write the
  * shadow alone and leave the f32 buffer unwritten: the one backward that
- * will read t's gradient is its own node's, a bf16/f16 linear or addmm,
- * which takes only the shadow (bw_dense: dX, dW and the bias's sums), later
- * in the same walk (not a split backward's input half, not a nested walk);
+ * will read t's gradient is its own node's, one that takes only the shadow
+ * (node glp_alone: a bf16/f16 linear or addmm, bw_dense: dX, dW and the
+ * bias's sums; bias + GELU with a rounded result), later in the same walk (not a split backward's input half, not a nested walk);
  * t is not retained (DT_TENSOR_RETAIN_GRAD); and no node between t's and n
  * on the tape takes t (so no later contribution adds to it). The caller
  * then sets the shadow and calls dt__grad_f32_skipped. */

@@ -296,7 +296,7 @@ bool dt__grad_shadow_only(const dt_ctx *ctx, const dt__node *n, const dt_tensor 
         ctx->walk_lo != 0)
         return false;
     const dt__node *p = t->node_;
-    if ((p->op != DT_OP_LINEAR && p->op != DT_OP_ADDMM) || p->idx >= n->idx || n->idx - p->idx > 8 ||
+    if (!p->glp_alone || p->idx >= n->idx || n->idx - p->idx > 8 ||
         n->idx >= ctx->tape_len || ctx->tape[n->idx] != n || ctx->tape[p->idx] != p)
         return false;
     for (size_t k = p->idx + 1; k < n->idx; k++) /* a node between that takes t would add to its gradient later */

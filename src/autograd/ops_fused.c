@@ -157,14 +157,20 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
         return dt_last_status();
     /* (decided before grad_begin gives X a gradient) */
     const bool lp_only = gs && dt__grad_shadow_only(ctx, n, X, t);
+    /* a rounded result's gradient as its producer wrote it in t (beside the
+     * f32 values or alone: glp_alone), the values the kernel would round to */
+    const void *gys = n->glp_want ? dt__grad_shadow(ctx, n->out, t) : NULL;
+    if (!gys)
+        dt__grad_f32_fill(n->out); /* held in a shadow of another dtype alone: gout's values first */
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gb = dt__rg(bias) ? dt_arena_alloc(ctx->arena, (size_t)N * sizeof(float)) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(bias) && !gb))
         return dt_last_status();
     dt_status st = t == DT_F32
                        ? dt_k_bias_gelu_bwd(n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH)
-                       : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, n->i[3] != DT_F32, R, N,
-                                               lp_only ? NULL : gx, gs, gb, DT_K_GELU_TANH);
+                       : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gys ? NULL : gout, gys,
+                                               n->i[3] != DT_F32, R, N, lp_only ? NULL : gx, gs, gb,
+                                               DT_K_GELU_TANH);
     if (st < 0)
         return st;
     if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
@@ -199,6 +205,10 @@ static dt_tensor *bias_gelu_record(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias, d
         n->saved[0] = (void *)(uintptr_t)xd;
         n->saved[1] = (void *)(uintptr_t)bd;
         n->i[0] = R, n->i[1] = N, n->i[2] = x->dtype, n->i[3] = out->dtype;
+        /* a result rounded to x's dtype: the backward rounds its gradient to
+         * that dtype first, so takes a producer's shadow instead, alone */
+        n->glp_want = n->glp_alone = x->dtype != DT_F32 && out->dtype == x->dtype;
+        n->glp_dtype = x->dtype;
     }
     return out;
 }

@@ -240,13 +240,26 @@ static dt_status bw_dense(dt_ctx *ctx, dt__node *n, const float *gout, const flo
     float beta;
     dt_status st;
     if (dt__rg(n->in[0])) { /* gX = g W (linear) or g W^T (addmm) */
-        float *gx = dt__grad_gemm(ctx, n->in[0], &beta);
+        dt_tensor *x = n->in[0];
+        /* x's gradient in t alone, rounded as the GEMM stores it, where x's
+         * own backward takes it in t and reads that alone (a rounded bias +
+         * GELU's: it would round the f32 values itself) and nothing else
+         * does; decided before x has a gradient */
+        const bool lp_only = t != DT_F32 && dt__grad_shadow_only(ctx, n, x, t);
+        void *gs = lp_only ? dt__grad_shadow_new(ctx, x, t) : NULL;
+        float *gx = !lp_only || gs ? dt__grad_gemm(ctx, x, &beta) : NULL;
         if (!gx)
             return dt_last_status();
         if (t == DT_F32)
             dt__gemm(false, !wt, R, In, Out, 1.0f, gout, Out, W, wt ? In : Out, beta, gx, In);
-        else if ((st = dt_k_matmul(false, !wt, R, In, Out, 1.0f, G, W, t, beta, gx, NULL)) < 0)
+        else if ((st = lp_only ? dt_k_matmul_batched_lp(false, !wt, 1, R, In, Out, 1.0f, G, 0, W, 0, t, gs, 0, NULL)
+                               : dt_k_matmul(false, !wt, R, In, Out, 1.0f, G, W, t, beta, gx, NULL)) < 0)
             return st;
+        if (lp_only) {
+            dt__grad_shadow_set(ctx, x, gx, gs, t);
+            if ((st = dt__grad_f32_skipped(ctx, x)) < 0)
+                return st;
+        }
     }
     void *gwl = t != DT_F32 && dt__rg(n->in[1]) ? dt__grad_gemm_lp(ctx, n->in[1], t) : NULL;
     /* else a tied table's (its other uses lookups): rounded as stored but for the looked-up rows */
@@ -404,7 +417,8 @@ static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_ten
         n->i[2] = Out;
         n->i[3] = t;
         n->i[4] = wt;
-        n->glp_want = t != DT_F32; /* grad_lp: a producer's shadow of the gradient saves its pass */
+        /* grad_lp: a producer's shadow of the gradient saves its pass; bw_dense reads it alone */
+        n->glp_want = n->glp_alone = t != DT_F32;
         n->glp_dtype = t;
     }
     return out;

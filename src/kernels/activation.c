@@ -370,18 +370,20 @@ DT__AVX512 static void bias_gelu_tanh_row_bf16_avx512(const uint16_t *restrict x
 
 /* The same row with x in bf16, widened in registers, and dx rounded to bf16
  * in registers: h gets the rounded values' bits and dx (unless NULL) the
- * values as f32 (neither when h is NULL); sb sums the unrounded ones. The
- * bits of widening x with dt_k_convert, the row above, then rounding dx
- * with dt_k_convert both ways (the tail goes exactly that way). */
+ * values as f32 (neither when h is NULL); sb sums the unrounded ones. dy
+ * is f32 (dy, rounded first with round_dy) or bf16 (dyh, not NULL: read
+ * widened). The bits of widening x (and dyh) with dt_k_convert, the row
+ * above, then rounding dx with dt_k_convert both ways (the tail goes
+ * exactly that way). */
 DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restrict x, const float *restrict b,
-                                                          const float *dy, bool round_dy, float *dx, uint16_t *h,
-                                                          float *restrict sb, int64_t n)
+                                                          const float *dy, const uint16_t *dyh, bool round_dy,
+                                                          float *dx, uint16_t *h, float *restrict sb, int64_t n)
 {
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
         __m512 v = _mm512_add_ps(dt__bf16_load16(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps());
-        __m512 d = _mm512_loadu_ps(dy + j);
-        __m512 g = gelu_tanh_bwd16(v, round_dy ? dt__bf16_round16(d) : d);
+        __m512 d = dyh ? dt__bf16_load16(dyh + j) : _mm512_loadu_ps(dy + j);
+        __m512 g = gelu_tanh_bwd16(v, round_dy && !dyh ? dt__bf16_round16(d) : d);
         if (h) {
             __m512 r = dt__bf16_round16(g);
             if (dx)
@@ -394,9 +396,12 @@ DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restri
     if (j < n) {
         float v[16], dr[16], o[16];
         uint16_t hr[16];
-        const float *g = dy + j;
+        const float *g = dy ? dy + j : NULL;
         (void)dt_k_convert(x + j, DT_BF16, v, DT_F32, n - j);
-        if (round_dy) {
+        if (dyh) {
+            (void)dt_k_convert(dyh + j, DT_BF16, dr, DT_F32, n - j);
+            g = dr;
+        } else if (round_dy) {
             (void)(dt_k_convert(g, DT_F32, hr, DT_BF16, n - j) < 0 || dt_k_convert(hr, DT_BF16, dr, DT_F32, n - j) < 0);
             g = dr;
         }
@@ -574,8 +579,8 @@ dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, in
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
 }
 
-dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, bool round_dy,
-                                int64_t rows, int64_t cols, float *dx, void *dx_lp, float *dbias,
+dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, const void *dy_lp,
+                                bool round_dy, int64_t rows, int64_t cols, float *dx, void *dx_lp, float *dbias,
                                 dt_k_gelu_approx approx)
 {
     const char *fn = "dt_k_bias_gelu_bwd_lp";
@@ -587,7 +592,8 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
     DT__CHECK_N(fn, rows);
     DT__CHECK_N(fn, cols);
     DT__CHECK_PTR(fn, x, rows * cols);
-    DT__CHECK_PTR(fn, dy, rows * cols);
+    if (!dy_lp) /* else dy is not read */
+        DT__CHECK_PTR(fn, dy, rows * cols);
     if (!dx && !dx_lp && !dbias)
         return DT_OK;
     int nt = dt__threads_for(rows * cols * 8), bad = 0;
@@ -606,21 +612,30 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
             /* d: dx's row, or (dx_lp alone) the f32 values' scratch; h: dx_lp's row, or scratch */
             float *d = dx ? dx + r * cols + j0 : dx_lp ? dw : NULL;
             uint16_t *h = dx_lp ? (uint16_t *)dx_lp + r * cols + j0 : d ? hb : NULL;
+            const uint16_t *gh = dy_lp ? (const uint16_t *)dy_lp + r * cols + j0 : NULL;
             if (r + 2 < rows) /* the next rows' segments: rows are cols apart, so no stream runs on */
                 for (int64_t k = 0; k < c; k += 32) {
                     __builtin_prefetch((const uint16_t *)x + (r + 2) * cols + j0 + k);
-                    __builtin_prefetch(dy + (r + 2) * cols + j0 + k);
-                    __builtin_prefetch(dy + (r + 2) * cols + j0 + k + 16);
+                    if (gh)
+                        __builtin_prefetch(gh + 2 * cols + k);
+                    else {
+                        __builtin_prefetch(dy + (r + 2) * cols + j0 + k);
+                        __builtin_prefetch(dy + (r + 2) * cols + j0 + k + 16);
+                    }
                 }
 #if DT__X86_VEC
             if (t == DT_BF16 && vec >= DT__VEC_AVX512) {
                 bias_gelu_tanh_bwd_row_bf16_avx512((const uint16_t *)x + r * cols + j0, bias ? bias + j0 : NULL,
-                                                   dy + r * cols + j0, round_dy, dx ? d : NULL, h, sb, c);
+                                                   gh ? NULL : dy + r * cols + j0, gh, round_dy, dx ? d : NULL, h,
+                                                   sb, c);
                 continue;
             }
 #endif
-            const float *g = dy + r * cols + j0;
-            if (round_dy) { /* dy's values of t, through hb */
+            const float *g = gh ? NULL : dy + r * cols + j0;
+            if (gh) { /* dy's values of t, widened */
+                bad |= dt_k_convert(gh, t, dr, DT_F32, c) < 0;
+                g = dr;
+            } else if (round_dy) { /* dy's values of t, through hb */
                 bad |= dt_k_convert(g, DT_F32, hb, t, c) < 0 || dt_k_convert(hb, t, dr, DT_F32, c) < 0;
                 g = dr;
             }

@@ -416,7 +416,7 @@ TEST(grad_f32_written_for_other_readers)
         if (k == 2) { /* the retained f32 gradient: GELU's slope at a, rounded to bf16 */
             ASSERT_EQ_INT((int)s.grad_shadows, 1);
             ASSERT(a->grad != NULL && a->grad->dtype == DT_F32);
-            ASSERT_OK(dt_k_bias_gelu_bwd_lp(DT_BF16, a->data, bv, ones, false, B * T, C, dref, NULL, NULL,
+            ASSERT_OK(dt_k_bias_gelu_bwd_lp(DT_BF16, a->data, bv, ones, NULL, false, B * T, C, dref, NULL, NULL,
                                             DT_K_GELU_TANH));
             if (memcmp(dref, a->grad->data, sizeof dref))
                 TEST_FAIL_("the retained gradient of the GELU's input is not its slope rounded to bf16");
@@ -426,6 +426,95 @@ TEST(grad_f32_written_for_other_readers)
         dt_ctx_free(ctx);
     }
     free(ref);
+}
+
+/* The other way round: a bf16/f16 linear writes its input's gradient in
+ * its dtype alone where that input is a rounded bias + GELU's result (the
+ * GELU's bias of the input's dtype), whose backward would round the f32
+ * values to that dtype first: x -> linear -> bias + GELU -> linear ->
+ * loss (A) against the same with a view between the GELU and the second
+ * linear (B: the view's gradient is not read in the dtype alone, so the
+ * f32 values are written and the GELU rounds them). The gradients of x,
+ * the weights and the biases equal B's bit for bit on every conversion
+ * path, and A skipped the f32 values twice (the GELU's input and output)
+ * where B skipped them once. */
+static dt_tensor *gelu_between(dt_ctx *ctx, dt_dtype dt, leaves *l, dt_tensor *gb, bool view, const float *R)
+{
+    dt_tensor *a = dt_linear(ctx, dt_cast(ctx, l->x, dt), dt_cast(ctx, l->w[0], dt), l->b[0]);
+    dt_tensor *g = a ? dt_bias_gelu_tanh(ctx, a, dt_cast(ctx, gb, dt)) : NULL;
+    if (!g || g->dtype != dt)
+        return NULL;
+    if (view)
+        g = dt_reshape(ctx, g, 2, SH(B * T, C));
+    dt_tensor *y = g ? dt_linear(ctx, g, dt_cast(ctx, l->w[1], dt), l->b[1]) : NULL;
+    if (!y)
+        return NULL;
+    int64_t n = dt_tensor_numel(y);
+    dt_tensor *r = dt_tensor_from(ctx, DT_F32, 1, SH(n), R);
+    dt_tensor *yf = dt_cast(ctx, y, DT_F32);
+    return r && yf ? dt_sum(ctx, dt_mul(ctx, dt_reshape(ctx, yf, 1, SH(n)), r)) : NULL;
+}
+
+static void gelu_out_case(dt_dtype dt)
+{
+    static float xv[B * T * K], w0[C * K], w1[K * C], bv[C], R[B * T * K];
+    dt_rng_fill_uniform(dt_rng_key_make(37, DT_RNG_DATA, 0, 0), 0, xv, B * T * K, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(37, DT_RNG_DATA, 1, 0), 0, w0, C * K, -0.5f, 0.5f);
+    dt_rng_fill_uniform(dt_rng_key_make(37, DT_RNG_DATA, 2, 0), 0, w1, K * C, -0.5f, 0.5f);
+    dt_rng_fill_uniform(dt_rng_key_make(37, DT_RNG_DATA, 3, 0), 0, R, B * T * K, -1.0f, 1.0f);
+    for (int j = 0; j < C; j++)
+        bv[j] = 0.125f * (float)(j % 5) - 0.25f;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    int ran = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (dt_k_set_isa(paths[pi]) != DT_OK)
+            continue;
+        ran++;
+        dt_ctx *ctx = NULL;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        leaves l[2];
+        dt_tensor *gb[2];
+        dt_ag_stats s[2];
+        for (int way = 0; way < 2; way++) {
+            l[way].x = leaf(xv, 3, SH(B, T, K));
+            l[way].w[0] = leaf(w0, 2, SH(C, K));
+            l[way].w[1] = leaf(w1, 2, SH(K, C));
+            l[way].b[0] = leaf(R + 3, 1, SH(C));
+            l[way].b[1] = leaf(R + 5, 1, SH(K));
+            gb[way] = leaf(bv, 1, SH(C));
+            ASSERT(l[way].x && l[way].w[0] && l[way].w[1] && l[way].b[0] && l[way].b[1] && gb[way]);
+            dt_tensor *loss = gelu_between(ctx, dt, &l[way], gb[way], way == 1, R);
+            ASSERT(loss != NULL);
+            dt_ag_stats_reset(ctx);
+            ASSERT_OK(dt_backward(ctx, loss));
+            dt_ag_stats_get(ctx, &s[way]);
+        }
+        const struct {
+            dt_tensor *a, *b;
+            const char *name;
+        } g[] = {{l[0].x, l[1].x, "x"},           {l[0].w[0], l[1].w[0], "w0"}, {l[0].w[1], l[1].w[1], "w1"},
+                 {l[0].b[0], l[1].b[0], "b0"},     {l[0].b[1], l[1].b[1], "b1"}, {gb[0], gb[1], "the GELU's bias"}};
+        for (size_t k = 0; k < sizeof g / sizeof g[0]; k++)
+            if (memcmp(g[k].a->grad->data, g[k].b->grad->data, (size_t)dt_tensor_numel(g[k].a) * 4))
+                TEST_FAIL_("%s path %d: %s's gradient differs with the GELU's output gradient in f32",
+                           dt_dtype_name(dt), (int)paths[pi], g[k].name);
+        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, 2);
+        ASSERT_EQ_INT((int)s[1].grad_f32_skipped, 1);
+        for (int way = 0; way < 2; way++) {
+            dt_tensor_free(l[way].x), dt_tensor_free(gb[way]);
+            for (int k = 0; k < 2; k++)
+                dt_tensor_free(l[way].w[k]), dt_tensor_free(l[way].b[k]);
+        }
+        dt_ctx_free(ctx);
+    }
+    ASSERT(ran >= 1);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+TEST(grad_gelu_output_lp_alone)
+{
+    gelu_out_case(DT_BF16);
+    gelu_out_case(DT_F16);
 }
 
 /* The embedding of a bf16/f16 table takes its output's gradient as its
@@ -522,6 +611,7 @@ int main(void)
     RUN(view_grad_shared_unless_neg0);
     RUN(grad_shadow_dropped_by_second_use);
     RUN(grad_f32_written_for_other_readers);
+    RUN(grad_gelu_output_lp_alone);
     RUN(grad_shadow_embedding);
     return TEST_REPORT();
 }

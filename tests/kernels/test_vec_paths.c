@@ -291,7 +291,7 @@ TEST(bias_gelu_lp_equals_widened)
                 ASSERT_OK(dt_k_convert(dx[1], DT_F32, hh, t, M));
                 ASSERT_OK(dt_k_convert(hh, t, dx[1], DT_F32, M));
                 ASSERT_OK(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], DT_F32, DT_K_GELU_TANH));
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, false, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, NULL, false, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
                 SAME_BITS(y[0], y[1], M, "bias gelu lp forward");
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx");
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias");
@@ -299,15 +299,15 @@ TEST(bias_gelu_lp_equals_widened)
                 uint16_t *dxl = malloc(M * 2);
                 ASSERT(dxl != NULL);
                 memset(dxl, 0xff, (size_t)M * 2);
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, false, R, N, dx[0], dxl, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, NULL, false, R, N, dx[0], dxl, db[0], DT_K_GELU_TANH));
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx beside its shadow");
                 ASSERT(!memcmp(dxl, hh, (size_t)M * 2));
                 free(dxl);
                 /* dbias alone, and dx in place over dy */
                 memcpy(dx[0], dy, (size_t)M * 4);
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], false, R, N, NULL, NULL, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], NULL, false, R, N, NULL, NULL, db[0], DT_K_GELU_TANH));
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias only");
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], false, R, N, dx[0], NULL, NULL, DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], NULL, false, R, N, dx[0], NULL, NULL, DT_K_GELU_TANH));
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx in place");
                 /* a result of dtype t: y rounded by the kernel; its gradient
                  * dy rounded first (round_dy), then as above */
@@ -322,9 +322,14 @@ TEST(bias_gelu_lp_equals_widened)
                 ASSERT_OK(dt_k_bias_gelu_bwd(xw, b, dyr, R, N, dx[1], db[1], DT_K_GELU_TANH));
                 ASSERT_OK(dt_k_convert(dx[1], DT_F32, hh, t, M));
                 ASSERT_OK(dt_k_convert(hh, t, dx[1], DT_F32, M));
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, true, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, NULL, true, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx, dy rounded");
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias, dy rounded");
+                /* dy given as its t values (yr; dy not read): the same bits */
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, NULL, yr, true, R, N, dx[0], NULL, db[0],
+                                                DT_K_GELU_TANH));
+                SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx, dy of t");
+                SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias, dy of t");
                 free(yl), free(yr), free(dyr);
             }
             ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
@@ -333,7 +338,7 @@ TEST(bias_gelu_lp_equals_widened)
             ASSERT(dt_k_bias_gelu_fwd_lp(DT_F32, xh, b, R, N, y[0], DT_F32, DT_K_GELU_TANH) == DT_ERR_DTYPE);
             ASSERT(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], t == DT_BF16 ? DT_F16 : DT_BF16, DT_K_GELU_TANH) ==
                    DT_ERR_DTYPE);
-            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, false, R, N, dx[0], NULL, db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
+            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, NULL, false, R, N, dx[0], NULL, db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
             free(x), free(xw), free(b), free(dy), free(xh), free(hh);
             for (int k = 0; k < 2; k++)
                 free(y[k]), free(dx[k]), free(db[k]);
