@@ -614,9 +614,12 @@ DT_API dt_status dt_k_layernorm_fwd_lp(const void *x, dt_dtype xt, int64_t rows,
  * is rounded to yt (the gradient of a yt result), dt_k_layernorm_bwd's
  * arithmetic runs on the widened x, dx (f32, may be NULL) gets xt values;
  * dgamma, dbeta (f32 column sums, NULL to skip) from the rounded dy. No
- * pass of its own for the roundings. xt = yt = f32 is dt_k_layernorm_bwd. */
-DT_API dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_dtype yt, int64_t rows,
-                                       int64_t cols, const float *gamma, const float *save_mean,
+ * pass of its own for the roundings. dy_lp (NULL, or with yt bf16/f16): dy
+ * given as yt values instead, widened as read (dy is then not read and may
+ * be NULL): the result of dy where dy_lp holds dy rounded to yt. xt = yt =
+ * f32 is dt_k_layernorm_bwd. */
+DT_API dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, const void *dy_lp, dt_dtype yt,
+                                       int64_t rows, int64_t cols, const float *gamma, const float *save_mean,
                                        const float *save_rstd, float *dx, float *dgamma, float *dbeta);
 
 /* ---- activations ----------------------------------------------------------- */

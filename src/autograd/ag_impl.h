@@ -127,7 +127,8 @@ void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *s
  * shadow alone and leave the f32 buffer unwritten: the one backward that
  * will read t's gradient is its own node's, one that takes only the shadow
  * (node glp_alone: a bf16/f16 linear or addmm, bw_dense: dX, dW and the
- * bias's sums; bias + GELU with a rounded result), later in the same walk (not a split backward's input half, not a nested walk);
+ * bias's sums; bias + GELU and layer norm with a rounded result), later in
+ * the same walk (not a split backward's input half, not a nested walk);
  * t is not retained (DT_TENSOR_RETAIN_GRAD); and no node between t's and n
  * on the tape takes t (so no later contribution adds to it). The caller
  * then sets the shadow and calls dt__grad_f32_skipped. */

@@ -292,13 +292,18 @@ dt_status dt__bw_ln(dt_ctx *ctx, dt__node *n, const float *gout)
     int64_t R = n->i[0], D = n->i[1];
     const dt_dtype xt = (dt_dtype)n->i[2], yt = (dt_dtype)n->i[3];
     dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    /* a rounded result's gradient as its producer wrote it in yt (beside the
+     * f32 values or alone: glp_alone), the values the kernel would round to */
+    const void *gys = n->glp_want ? dt__grad_shadow(ctx, n->out, yt) : NULL;
+    if (!gys)
+        dt__grad_f32_fill(n->out); /* held in a shadow of another dtype alone: gout's values first */
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gg = dt__rg(gamma) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
     float *gb = dt__rg(beta) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(gamma) && !gg) || (dt__rg(beta) && !gb))
         return dt_last_status();
-    dt_status st = dt_k_layernorm_bwd_lp(n->saved[0], xt, gout, yt, R, D, n->saved[3], n->saved[1], n->saved[2], gx,
-                                         gg, gb);
+    dt_status st = dt_k_layernorm_bwd_lp(n->saved[0], xt, gys ? NULL : gout, gys, yt, R, D, n->saved[3], n->saved[1],
+                                         n->saved[2], gx, gg, gb);
     /* a low-precision gamma/beta's gradient holds its dtype's values (its widening cast's backward) */
     if (st >= 0 && gg && dt__is_lp(gamma))
         st = dt__round_to(gamma->dtype, gg, gg, D);
@@ -367,6 +372,10 @@ static dt_tensor *ln_direct(dt_ctx *ctx, const char *op, dt_tensor *x, dt_tensor
         n->saved[1] = mean;
         n->saved[2] = rstd;
         n->saved[3] = (void *)(uintptr_t)gm;
+        /* a result rounded to yt: the backward rounds its gradient to yt
+         * first, so takes a producer's shadow instead, alone */
+        n->glp_want = n->glp_alone = yt != DT_F32;
+        n->glp_dtype = yt;
     }
     return out;
 }

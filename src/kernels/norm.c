@@ -382,7 +382,7 @@ dt_status dt_k_layernorm_fwd(const float *x, int64_t rows, int64_t cols, const f
 dt_status dt_k_layernorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols, const float *gamma,
                              const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta)
 {
-    return dt_k_layernorm_bwd_lp(x, DT_F32, dy, DT_F32, rows, cols, gamma, save_mean, save_rstd, dx, dgamma,
+    return dt_k_layernorm_bwd_lp(x, DT_F32, dy, NULL, DT_F32, rows, cols, gamma, save_mean, save_rstd, dx, dgamma,
                                  dbeta);
 }
 
@@ -470,9 +470,9 @@ dt_status dt_k_layernorm_fwd_lp(const void *x, dt_dtype xt, int64_t rows, int64_
     return oom ? dt_error(DT_ERR_NO_MEMORY, "%s: a row buffer of %lld floats", fn, (long long)cols) : DT_OK;
 }
 
-dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_dtype yt, int64_t rows,
-                                int64_t cols, const float *gamma, const float *save_mean, const float *save_rstd,
-                                float *dx, float *dgamma, float *dbeta)
+dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, const void *dy_lp, dt_dtype yt,
+                                int64_t rows, int64_t cols, const float *gamma, const float *save_mean,
+                                const float *save_rstd, float *dx, float *dgamma, float *dbeta)
 {
     const char *fn = xt == DT_F32 && yt == DT_F32 ? "dt_k_layernorm_bwd" : "dt_k_layernorm_bwd_lp";
     if (!ln_dtype_ok(xt) || !ln_dtype_ok(yt))
@@ -481,7 +481,10 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
     dt_status st = ln_args(fn, x, rows, cols, 1.0f, false);
     if (st < 0)
         return st;
-    DT__CHECK_PTR(fn, dy, rows * cols);
+    if (dy_lp && yt == DT_F32)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: dy given in the result's dtype, which is f32", fn);
+    if (!dy_lp) /* else dy is not read */
+        DT__CHECK_PTR(fn, dy, rows * cols);
     DT__CHECK_PTR(fn, save_mean, rows);
     DT__CHECK_PTR(fn, save_rstd, rows);
     const bool plain = xt == DT_F32 && yt == DT_F32;
@@ -497,11 +500,14 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
             for (int64_t r = 0; r < rows; r++) {
                 if (!buf)
                     continue;
-                const float *xr = ln_widen(x, xt, r * cols, cols, buf), *gr = dy + r * cols;
-                if (yt != DT_F32) {
-                    ln_round(vec, gr, buf + cols, yt, cols);
+                const float *xr = ln_widen(x, xt, r * cols, cols, buf), *gr;
+                if (dy_lp) /* dy's values of yt, widened */
+                    gr = ln_widen(dy_lp, yt, r * cols, cols, buf + cols);
+                else if (yt != DT_F32) {
+                    ln_round(vec, dy + r * cols, buf + cols, yt, cols);
                     gr = buf + cols;
-                }
+                } else
+                    gr = dy + r * cols;
                 ln_bwd_row(vec, xr, gr, cols, gamma, save_mean[r], save_rstd[r], dx + r * cols);
                 if (xt != DT_F32)
                     ln_round(vec, dx + r * cols, dx + r * cols, xt, cols);
@@ -526,14 +532,18 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
                     const char *px = (const char *)x + ((r + 2) * cols + j0) * xs;
                     for (int64_t k = 0; k < n * xs; k += 64)
                         __builtin_prefetch(px + k);
-                    for (int64_t k = 0; k < n; k += 16)
-                        __builtin_prefetch(dy + (r + 2) * cols + j0 + k);
+                    for (int64_t k = 0; k < n; k += dy_lp ? 32 : 16)
+                        __builtin_prefetch(dy_lp ? (const void *)((const uint16_t *)dy_lp + (r + 2) * cols + j0 + k)
+                                                 : (const void *)(dy + (r + 2) * cols + j0 + k));
                 }
-                const float *xr = ln_widen(x, xt, r * cols + j0, n, xb), *gr = dy + r * cols + j0;
-                if (yt != DT_F32) {
-                    ln_round(vec, gr, gb, yt, n);
+                const float *xr = ln_widen(x, xt, r * cols + j0, n, xb), *gr;
+                if (dy_lp)
+                    gr = ln_widen(dy_lp, yt, r * cols + j0, n, gb);
+                else if (yt != DT_F32) {
+                    ln_round(vec, dy + r * cols + j0, gb, yt, n);
                     gr = gb;
-                }
+                } else
+                    gr = dy + r * cols + j0;
                 ln_col_sums(vec, xr, gr, save_mean[r], save_rstd[r], n, sg, sb);
             }
             for (int64_t j = 0; j < n; j++) {

@@ -429,19 +429,20 @@ TEST(grad_f32_written_for_other_readers)
 }
 
 /* The other way round: a bf16/f16 linear writes its input's gradient in
- * its dtype alone where that input is a rounded bias + GELU's result (the
- * GELU's bias of the input's dtype), whose backward would round the f32
- * values to that dtype first: x -> linear -> bias + GELU -> linear ->
- * loss (A) against the same with a view between the GELU and the second
- * linear (B: the view's gradient is not read in the dtype alone, so the
- * f32 values are written and the GELU rounds them). The gradients of x,
- * the weights and the biases equal B's bit for bit on every conversion
- * path, and A skipped the f32 values twice (the GELU's input and output)
- * where B skipped them once. */
-static dt_tensor *gelu_between(dt_ctx *ctx, dt_dtype dt, leaves *l, dt_tensor *gb, bool view, const float *R)
+ * its dtype alone where that input is the rounded result of bias + GELU
+ * (the GELU's bias of the input's dtype) or of layer norm (a bf16/f16
+ * input, f32 gamma and beta), whose backwards would round the f32 values
+ * to that dtype first: x -> linear -> op -> linear -> loss (A) against the
+ * same with a view between the op and the second linear (B: the view's
+ * gradient is not read in the dtype alone, so the f32 values are written
+ * and the op rounds them). The gradients of x, the weights and the biases
+ * (the op's bias, or gamma, too) equal B's bit for bit on every conversion
+ * path, and A skipped the f32 values once more than B (the GELU's input
+ * and output, B the input). */
+static dt_tensor *op_between(dt_ctx *ctx, dt_dtype dt, bool ln, leaves *l, dt_tensor *gb, bool view, const float *R)
 {
     dt_tensor *a = dt_linear(ctx, dt_cast(ctx, l->x, dt), dt_cast(ctx, l->w[0], dt), l->b[0]);
-    dt_tensor *g = a ? dt_bias_gelu_tanh(ctx, a, dt_cast(ctx, gb, dt)) : NULL;
+    dt_tensor *g = !a ? NULL : ln ? dt_layer_norm(ctx, a, gb, NULL, 1e-5f) : dt_bias_gelu_tanh(ctx, a, dt_cast(ctx, gb, dt));
     if (!g || g->dtype != dt)
         return NULL;
     if (view)
@@ -455,7 +456,7 @@ static dt_tensor *gelu_between(dt_ctx *ctx, dt_dtype dt, leaves *l, dt_tensor *g
     return r && yf ? dt_sum(ctx, dt_mul(ctx, dt_reshape(ctx, yf, 1, SH(n)), r)) : NULL;
 }
 
-static void gelu_out_case(dt_dtype dt)
+static void op_out_case(dt_dtype dt, bool ln)
 {
     static float xv[B * T * K], w0[C * K], w1[K * C], bv[C], R[B * T * K];
     dt_rng_fill_uniform(dt_rng_key_make(37, DT_RNG_DATA, 0, 0), 0, xv, B * T * K, -2.0f, 2.0f);
@@ -483,7 +484,7 @@ static void gelu_out_case(dt_dtype dt)
             l[way].b[1] = leaf(R + 5, 1, SH(K));
             gb[way] = leaf(bv, 1, SH(C));
             ASSERT(l[way].x && l[way].w[0] && l[way].w[1] && l[way].b[0] && l[way].b[1] && gb[way]);
-            dt_tensor *loss = gelu_between(ctx, dt, &l[way], gb[way], way == 1, R);
+            dt_tensor *loss = op_between(ctx, dt, ln, &l[way], gb[way], way == 1, R);
             ASSERT(loss != NULL);
             dt_ag_stats_reset(ctx);
             ASSERT_OK(dt_backward(ctx, loss));
@@ -493,13 +494,14 @@ static void gelu_out_case(dt_dtype dt)
             dt_tensor *a, *b;
             const char *name;
         } g[] = {{l[0].x, l[1].x, "x"},           {l[0].w[0], l[1].w[0], "w0"}, {l[0].w[1], l[1].w[1], "w1"},
-                 {l[0].b[0], l[1].b[0], "b0"},     {l[0].b[1], l[1].b[1], "b1"}, {gb[0], gb[1], "the GELU's bias"}};
+                 {l[0].b[0], l[1].b[0], "b0"},     {l[0].b[1], l[1].b[1], "b1"}, {gb[0], gb[1], ln ? "gamma" : "the GELU's bias"}};
         for (size_t k = 0; k < sizeof g / sizeof g[0]; k++)
             if (memcmp(g[k].a->grad->data, g[k].b->grad->data, (size_t)dt_tensor_numel(g[k].a) * 4))
-                TEST_FAIL_("%s path %d: %s's gradient differs with the GELU's output gradient in f32",
-                           dt_dtype_name(dt), (int)paths[pi], g[k].name);
-        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, 2);
-        ASSERT_EQ_INT((int)s[1].grad_f32_skipped, 1);
+                TEST_FAIL_("%s %s path %d: %s's gradient differs with the op's output gradient in f32",
+                           ln ? "layer norm" : "bias_gelu", dt_dtype_name(dt), (int)paths[pi], g[k].name);
+        /* the GELU writes its input's gradient in dt alone (the linear its one reader), layer norm in f32 */
+        ASSERT_EQ_INT((int)s[0].grad_f32_skipped, ln ? 1 : 2);
+        ASSERT_EQ_INT((int)s[1].grad_f32_skipped, ln ? 0 : 1);
         for (int way = 0; way < 2; way++) {
             dt_tensor_free(l[way].x), dt_tensor_free(gb[way]);
             for (int k = 0; k < 2; k++)
@@ -511,10 +513,12 @@ static void gelu_out_case(dt_dtype dt)
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 
-TEST(grad_gelu_output_lp_alone)
+TEST(grad_op_output_lp_alone)
 {
-    gelu_out_case(DT_BF16);
-    gelu_out_case(DT_F16);
+    for (int ln = 0; ln < 2; ln++) {
+        op_out_case(DT_BF16, ln);
+        op_out_case(DT_F16, ln);
+    }
 }
 
 /* The embedding of a bf16/f16 table takes its output's gradient as its
@@ -611,7 +615,7 @@ int main(void)
     RUN(view_grad_shared_unless_neg0);
     RUN(grad_shadow_dropped_by_second_use);
     RUN(grad_f32_written_for_other_readers);
-    RUN(grad_gelu_output_lp_alone);
+    RUN(grad_op_output_lp_alone);
     RUN(grad_shadow_embedding);
     return TEST_REPORT();
 }

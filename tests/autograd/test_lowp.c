@@ -861,6 +861,25 @@ static void layernorm_lp_case(dt_dtype dt, int64_t R, int64_t D, bool lp_x, dt_d
         for (int64_t i = 0; i < M; i++)
             nz += ((float *)gx[0]->data)[i] != 0.0f;
         ASSERT(nz > M / 2);
+        { /* the kernel given dy as its dt values (a producer's shadow): what it computes from dy rounded */
+            float *st = malloc((size_t)R * 8), *d[2] = {malloc((size_t)M * 4), malloc((size_t)M * 4)};
+            float *dg[2] = {malloc((size_t)D * 4), malloc((size_t)D * 4)}, *db[2] = {malloc((size_t)D * 4),
+                                                                                   malloc((size_t)D * 4)};
+            uint16_t *yh = malloc((size_t)M * 2), *gh = malloc((size_t)M * 2);
+            ASSERT(st && d[0] && d[1] && dg[0] && dg[1] && db[0] && db[1] && yh && gh);
+            ASSERT_OK(dt_k_layernorm_fwd_lp(x[0]->data, xt, R, D, pv, pv + D, 1e-5f, yh, dt, st, st + R));
+            ASSERT_OK(dt_k_convert(gv, DT_F32, gh, dt, M));
+            ASSERT_OK(dt_k_layernorm_bwd_lp(x[0]->data, xt, gv, NULL, dt, R, D, pv, st, st + R, d[0], dg[0], db[0]));
+            ASSERT_OK(dt_k_layernorm_bwd_lp(x[0]->data, xt, NULL, gh, dt, R, D, pv, st, st + R, d[1], dg[1], db[1]));
+            ASSERT(!memcmp(d[0], d[1], (size_t)M * 4));
+            ASSERT(!memcmp(dg[0], dg[1], (size_t)D * 4));
+            ASSERT(!memcmp(db[0], db[1], (size_t)D * 4));
+            ASSERT(dt_k_layernorm_bwd_lp(x[0]->data, xt, NULL, gh, DT_F32, R, D, pv, st, st + R, d[1], NULL, NULL) ==
+                   DT_ERR_INVALID_ARG); /* an f32 result's gradient has no dtype of its own */
+            free(st), free(yh), free(gh);
+            for (int k = 0; k < 2; k++)
+                free(d[k]), free(dg[k]), free(db[k]);
+        }
         for (int k = 0; k < 2; k++) {
             dt_tensor_free(x[k]);
             dt_tensor_free(g[k]);
