@@ -127,9 +127,12 @@ typedef struct {
                                    them, but for the rows their lookups add to (kept in f32 till
                                    then): dtrain's AMX GEMM, a lazily zeroed bf16 gradient */
     uint64_t grad_f32_skipped;  /* of the shadows written, those whose f32 values were not: the
-                                   producer (dt_bias_gelu_tanh, the residual add of a bf16/f16
-                                   operand) wrote the GEMM's dtype alone, the only reader being
-                                   that linear/addmm's backward */
+                                   producer (dt_bias_gelu_tanh, attention, the residual add of a
+                                   bf16/f16 operand) wrote the GEMM's dtype alone, the only reader
+                                   being that linear/addmm's backward; or a bf16/f16 linear/addmm
+                                   wrote its input's gradient so, the only reader being the
+                                   backward of the layer norm or bias + GELU whose result, rounded
+                                   to that dtype, the input is (which rounds the gradient to it) */
 } dt_ag_stats;
 /* Copy ctx's counters into *out (zeros for a NULL ctx). */
 DT_API void dt_ag_stats_get(const dt_ctx *ctx, dt_ag_stats *out);
