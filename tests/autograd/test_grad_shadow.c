@@ -42,6 +42,13 @@ typedef struct {
     dt_tensor *x, *w[3], *b[3]; /* f32 leaves; b: the linears' biases */
 } leaves;
 
+static void leaves_free(leaves *l)
+{
+    dt_tensor_free(l->x);
+    for (int k = 0; k < 3; k++)
+        dt_tensor_free(l->w[k]), dt_tensor_free(l->b[k]);
+}
+
 static dt_tensor *leaf(const float *v, int n, const int64_t *shape)
 {
     dt_tensor *t = dt_tensor_new(DT_F32, n, shape);
@@ -169,11 +176,8 @@ static void shadow_case(dt_dtype dt, producer p)
          * (each GEMM its one reader) */
         ASSERT_EQ_INT((int)s[0].grad_f32_skipped, p == P_GELU || p == P_ATTN ? 1 : p == P_ADD ? 2 : 0);
         ASSERT_EQ_INT((int)s[1].grad_f32_skipped, 0);
-        for (int way = 0; way < 2; way++) {
-            dt_tensor_free(l[way].x);
-            for (int k = 0; k < 3; k++)
-                dt_tensor_free(l[way].w[k]), dt_tensor_free(l[way].b[k]);
-        }
+        for (int way = 0; way < 2; way++)
+            leaves_free(&l[way]);
         dt_ctx_free(ctx);
     }
     ASSERT(ran >= 1);
@@ -477,7 +481,7 @@ static void op_out_case(dt_dtype dt, bool ln)
         dt_tensor *gb[2];
         dt_ag_stats s[2];
         for (int way = 0; way < 2; way++) {
-            l[way].x = leaf(xv, 3, SH(B, T, K));
+            l[way] = (leaves){.x = leaf(xv, 3, SH(B, T, K))};
             l[way].w[0] = leaf(w0, 2, SH(C, K));
             l[way].w[1] = leaf(w1, 2, SH(K, C));
             l[way].b[0] = leaf(R + 3, 1, SH(C));
@@ -502,11 +506,8 @@ static void op_out_case(dt_dtype dt, bool ln)
         /* the GELU writes its input's gradient in dt alone (the linear its one reader), layer norm in f32 */
         ASSERT_EQ_INT((int)s[0].grad_f32_skipped, ln ? 1 : 2);
         ASSERT_EQ_INT((int)s[1].grad_f32_skipped, ln ? 0 : 1);
-        for (int way = 0; way < 2; way++) {
-            dt_tensor_free(l[way].x), dt_tensor_free(gb[way]);
-            for (int k = 0; k < 2; k++)
-                dt_tensor_free(l[way].w[k]), dt_tensor_free(l[way].b[k]);
-        }
+        for (int way = 0; way < 2; way++)
+            leaves_free(&l[way]), dt_tensor_free(gb[way]);
         dt_ctx_free(ctx);
     }
     ASSERT(ran >= 1);
