@@ -244,8 +244,10 @@ static dt_status bw_dense(dt_ctx *ctx, dt__node *n, const float *gout, const flo
         /* x's gradient in t alone, rounded as the GEMM stores it, where x's
          * own backward takes it in t and reads that alone (a rounded bias +
          * GELU's or layer norm's: it would round the f32 values itself) and
-         * nothing else does; decided before x has a gradient */
-        const bool lp_only = t != DT_F32 && dt__grad_shadow_only(ctx, n, x, t);
+         * nothing else does; decided before x has a gradient. Only where
+         * the GEMM writes t itself: elsewhere its f32 result would be
+         * rounded by a pass of its own, one pass more than the reader's */
+        const bool lp_only = t != DT_F32 && dt_k_matmul_writes_lp(t) && dt__grad_shadow_only(ctx, n, x, t);
         void *gs = lp_only ? dt__grad_shadow_new(ctx, x, t) : NULL;
         float *gx = !lp_only || gs ? dt__grad_gemm(ctx, x, &beta) : NULL;
         if (!gx)
