@@ -147,6 +147,11 @@ dt_status dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t);
  * the mark cleared. Nothing otherwise. */
 void dt__grad_f32_fill(dt_tensor *t);
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
+/* For the backward of node n (glp_want), about to read its output's
+ * gradient: the shadow in lt (dt__grad_shadow), else NULL with the f32
+ * values made whole first (dt__grad_f32_fill: a shadow of another dtype
+ * alone is widened). */
+const void *dt__grad_out_lp(dt_ctx *ctx, const dt__node *n, dt_dtype lt);
 
 /* A node's backward has ended: its scratch goes back to the arena
  * (dt__grad_scratch). And intermediate t (its output; NULL: none) has

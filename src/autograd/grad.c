@@ -324,6 +324,14 @@ dt_status dt__grad_f32_skipped(dt_ctx *ctx, dt_tensor *t)
     return DT_OK;
 }
 
+const void *dt__grad_out_lp(dt_ctx *ctx, const dt__node *n, dt_dtype lt)
+{
+    const void *s = n->glp_want ? dt__grad_shadow(ctx, n->out, lt) : NULL;
+    if (!s)
+        dt__grad_f32_fill(n->out); /* held in a shadow of another dtype alone: the f32 values first */
+    return s;
+}
+
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)
 {
     if (!t->glp_ || t->glp_dtype_ != lt || t->glp_epoch_ != ctx->epoch || !t->grad || t->grad->data != t->glp_of_)

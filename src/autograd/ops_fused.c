@@ -159,9 +159,7 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
     const bool lp_only = gs && dt__grad_shadow_only(ctx, n, X, t);
     /* a rounded result's gradient as its producer wrote it in t (beside the
      * f32 values or alone: glp_alone), the values the kernel would round to */
-    const void *gys = n->glp_want ? dt__grad_shadow(ctx, n->out, t) : NULL;
-    if (!gys)
-        dt__grad_f32_fill(n->out); /* held in a shadow of another dtype alone: gout's values first */
+    const void *gys = dt__grad_out_lp(ctx, n, t);
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gb = dt__rg(bias) ? dt_arena_alloc(ctx->arena, (size_t)N * sizeof(float)) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(bias) && !gb))

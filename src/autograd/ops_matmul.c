@@ -43,12 +43,11 @@ static dt_dtype gemm_dtype(dt_ctx *ctx, dt_op op, int n, dt_tensor **in, bool *o
  * in arena memory by a pass of its own. Either holds the same values. */
 static const void *grad_lp(dt_ctx *ctx, const dt__node *n, const float *gout, int64_t m, dt_dtype t)
 {
-    const void *s = dt__grad_shadow(ctx, n->out, t);
+    const void *s = dt__grad_out_lp(ctx, n, t);
     if (s) {
         ctx->ag_stats.grad_shadows++;
         return s;
     }
-    dt__grad_f32_fill(n->out); /* held in a shadow of another dtype alone: gout's values first */
     void *g = dt_arena_alloc(ctx->arena, (size_t)m * 2 + 2);
     if (g && dt_k_convert(gout, DT_F32, g, t, m) < 0)
         return NULL;

@@ -294,9 +294,7 @@ dt_status dt__bw_ln(dt_ctx *ctx, dt__node *n, const float *gout)
     dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
     /* a rounded result's gradient as its producer wrote it in yt (beside the
      * f32 values or alone: glp_alone), the values the kernel would round to */
-    const void *gys = n->glp_want ? dt__grad_shadow(ctx, n->out, yt) : NULL;
-    if (!gys)
-        dt__grad_f32_fill(n->out); /* held in a shadow of another dtype alone: gout's values first */
+    const void *gys = dt__grad_out_lp(ctx, n, yt);
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gg = dt__rg(gamma) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
     float *gb = dt__rg(beta) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
