@@ -447,7 +447,9 @@ TEST(grad_f32_written_for_other_readers)
 static dt_tensor *op_between(dt_ctx *ctx, dt_dtype dt, bool ln, leaves *l, dt_tensor *gb, bool view, const float *R)
 {
     dt_tensor *a = dt_linear(ctx, dt_cast(ctx, l->x, dt), dt_cast(ctx, l->w[0], dt), l->b[0]);
-    dt_tensor *g = !a ? NULL : ln ? dt_layer_norm(ctx, a, gb, NULL, 1e-5f) : dt_bias_gelu_tanh(ctx, a, dt_cast(ctx, gb, dt));
+    dt_tensor *g = !a  ? NULL
+                   : ln ? dt_layer_norm(ctx, a, gb, NULL, 1e-5f)
+                        : dt_bias_gelu_tanh(ctx, a, dt_cast(ctx, gb, dt));
     if (!g || g->dtype != dt)
         return NULL;
     if (view)
@@ -498,8 +500,9 @@ static void op_out_case(dt_dtype dt, bool ln)
         const struct {
             dt_tensor *a, *b;
             const char *name;
-        } g[] = {{l[0].x, l[1].x, "x"},           {l[0].w[0], l[1].w[0], "w0"}, {l[0].w[1], l[1].w[1], "w1"},
-                 {l[0].b[0], l[1].b[0], "b0"},     {l[0].b[1], l[1].b[1], "b1"}, {gb[0], gb[1], ln ? "gamma" : "the GELU's bias"}};
+        } g[] = {{l[0].x, l[1].x, "x"},       {l[0].w[0], l[1].w[0], "w0"}, {l[0].w[1], l[1].w[1], "w1"},
+                 {l[0].b[0], l[1].b[0], "b0"}, {l[0].b[1], l[1].b[1], "b1"},
+                 {gb[0], gb[1], ln ? "gamma" : "the GELU's bias"}};
         for (size_t k = 0; k < sizeof g / sizeof g[0]; k++)
             if (memcmp(g[k].a->grad->data, g[k].b->grad->data, (size_t)dt_tensor_numel(g[k].a) * 4))
                 TEST_FAIL_("%s %s path %d: %s's gradient differs with the op's output gradient in f32",

@@ -338,7 +338,8 @@ TEST(bias_gelu_lp_equals_widened)
             ASSERT(dt_k_bias_gelu_fwd_lp(DT_F32, xh, b, R, N, y[0], DT_F32, DT_K_GELU_TANH) == DT_ERR_DTYPE);
             ASSERT(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], t == DT_BF16 ? DT_F16 : DT_BF16, DT_K_GELU_TANH) ==
                    DT_ERR_DTYPE);
-            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, NULL, false, R, N, dx[0], NULL, db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
+            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, NULL, false, R, N, dx[0], NULL, db[0], DT_K_GELU_ERF) ==
+                   DT_ERR_INVALID_ARG);
             free(x), free(xw), free(b), free(dy), free(xh), free(hh);
             for (int k = 0; k < 2; k++)
                 free(y[k]), free(dx[k]), free(db[k]);
