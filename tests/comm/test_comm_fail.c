@@ -153,6 +153,38 @@ typedef struct {
     int victim;
 } death;
 
+/* Whether process pid has died (a zombie not yet reaped, or gone). */
+static bool pid_dead(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *e = strrchr(buf, ')'); /* "pid (comm) S ...": the state after the name */
+    return !e || e[1] != ' ' || e[2] == 'Z' || e[2] == 'X';
+}
+
+/* Mid-operation death, made certain: one survivor (the gate) joins the
+ * operation only once the victim, whose part of it is posted, has died, so
+ * the operation cannot complete before the kill however late the victim is
+ * scheduled (on a loaded machine its 2 ms sleep ran long enough for the
+ * whole operation to finish first: the survivors then got DT_OK). */
+static void gate_on_victim(void)
+{
+    for (int k = 0; k < 5000 && th_shared[1] == 0; k++) { /* the victim's pid, posted with its part */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    for (int k = 0; k < 5000 && th_shared[1] != 0 && !pid_dead((pid_t)th_shared[1]); k++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static int body_death(int rank, int size, void *arg)
 {
     const death *d = arg;
@@ -173,6 +205,7 @@ static int body_death(int rank, int size, void *arg)
         }
         dt_req *rq;
         TH_OK(dt_pg_allreduce_async(pg, DT_IN_PLACE, buf, n, DT_F32, DT_REDUCE_SUM, &rq));
+        th_shared[1] = (double)getpid(); /* posted: the gate waits for this pid to die */
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
         th_shared[0] = dt_time_s();
@@ -180,6 +213,8 @@ static int body_death(int rank, int size, void *arg)
     }
     if (rank == d->victim) /* how 0 and 2 returned above */
         return 1;
+    if (d->how == 1 && rank == (d->victim == 0 ? 1 : 0))
+        gate_on_victim();
     double t0 = dt_time_s();
     dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, buf, n, DT_F32, DT_REDUCE_SUM);
     double now = dt_time_s(), el = now - (th_shared[0] > t0 ? th_shared[0] : t0);
@@ -240,15 +275,16 @@ TEST(segment_lifecycle)
 
     /* A name that already exists (a crashed run with the same job id) is
      * refused, never reused. */
-    char name[96];
-    dt__shm_segment_name("stale-job-test", name, sizeof name);
+    char name[96], job[64]; /* the job is this process's: two runs of this test at once must not share it */
+    snprintf(job, sizeof job, "stale-job-test-%d", (int)getpid());
+    dt__shm_segment_name(job, name, sizeof name);
     int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
     ASSERT(fd >= 0);
     close(fd);
     dt_pg_params p = dt_pg_params_default();
     p.rank = 0;
     p.world_size = 2;
-    p.job_id = "stale-job-test";
+    p.job_id = job;
     p.backend = "shm";
     dt_pg *pg = NULL;
     ASSERT_STATUS(dt_pg_init(&p, &pg), DT_ERR_IO);
