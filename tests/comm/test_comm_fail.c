@@ -5,6 +5,7 @@
  * TCP rendezvous). */
 // dt-test-timeout: 180
 // dt-test-labels: threads
+#include "comm/proc_alive.h"
 #include "harness.h"
 #include "test.h"
 
@@ -153,36 +154,33 @@ typedef struct {
     int victim;
 } death;
 
-/* Whether process pid has died (a zombie not yet reaped, or gone). */
-static bool pid_dead(pid_t pid)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return true;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *e = strrchr(buf, ')'); /* "pid (comm) S ...": the state after the name */
-    return !e || e[1] != ' ' || e[2] == 'Z' || e[2] == 'X';
-}
-
 /* Mid-operation death, made certain: one survivor (the gate) joins the
- * operation only once the victim, whose part of it is posted, has died, so
- * the operation cannot complete before the kill however late the victim is
- * scheduled (on a loaded machine its 2 ms sleep ran long enough for the
- * whole operation to finish first: the survivors then got DT_OK). */
+ * operation only once the victim, whose part of it is posted, has died
+ * (dt__proc_gone, as the backend asks it), so the operation cannot complete
+ * before the kill however late the victim is scheduled (on a loaded machine
+ * its 2 ms sleep ran long enough for the whole operation to finish first:
+ * the survivors then got DT_OK). The victim leaves its identity at
+ * VICTIM_AT in the shared page and sets th_shared[1]. */
+#define VICTIM_AT 2048
+
 static void gate_on_victim(void)
 {
-    for (int k = 0; k < 5000 && th_shared[1] == 0; k++) { /* the victim's pid, posted with its part */
+    for (int k = 0; k < 5000 && th_shared[1] == 0; k++) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
-    for (int k = 0; k < 5000 && th_shared[1] != 0 && !pid_dead((pid_t)th_shared[1]); k++) {
+    if (th_shared[1] == 0)
+        return; /* the victim never posted: its own check fails the run */
+    __sync_synchronize();
+    dt__proc_id me, victim;
+    memcpy(&victim, (const char *)th_shared + VICTIM_AT, sizeof victim);
+    dt__proc_id_self(&me);
+    int fd = -2;
+    for (int k = 0; k < 5000 && !dt__proc_gone(&me, &victim, &fd); k++) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
+    dt__proc_id_close(&fd);
 }
 
 static int body_death(int rank, int size, void *arg)
@@ -205,7 +203,11 @@ static int body_death(int rank, int size, void *arg)
         }
         dt_req *rq;
         TH_OK(dt_pg_allreduce_async(pg, DT_IN_PLACE, buf, n, DT_F32, DT_REDUCE_SUM, &rq));
-        th_shared[1] = (double)getpid(); /* posted: the gate waits for this pid to die */
+        dt__proc_id me; /* posted: the gate waits for this process to end */
+        dt__proc_id_self(&me);
+        memcpy((char *)th_shared + VICTIM_AT, &me, sizeof me);
+        __sync_synchronize();
+        th_shared[1] = 1;
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
         th_shared[0] = dt_time_s();
