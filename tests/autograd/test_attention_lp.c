@@ -25,6 +25,7 @@
  * with grouped kv heads, under bf16 autocast) with q, k, v leaves'
  * gradients. */
 #include "dtrain/dtrain.h"
+#include "isa_paths.h"
 #include "test.h"
 
 #include <math.h>
@@ -33,7 +34,6 @@
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-static const dt_k_isa g_paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
 
 /* Whether path isa runs the fast rows on a bf16/f16 qkv (then the bound,
  * else the bits). */
@@ -157,8 +157,9 @@ static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bo
         memcpy(&gv[N - 4], &snan, 4);
     }
     int ran = 0;
-    for (size_t pi = 0; pi < sizeof g_paths / sizeof g_paths[0]; pi++) {
-        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+    for (size_t pi = 0; pi < TEST_NISA; pi++) {
+        const dt_k_isa isa = test_isa_paths[pi];
+        if (dt_k_set_isa(isa) != DT_OK)
             continue;
         ran++;
         dt_tensor *x[2], *g[2];
@@ -174,10 +175,10 @@ static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bo
                                    : dt_attention(ctx, xw, (int)H, causal, p, true, key);
         dt_tensor *yr = dt_cast(ctx, yw, dt);
         ASSERT(y && yr && y->dtype == dt && yr->dtype == dt);
-        ASSERT_MATCH(g_paths[pi], dt, dt, a_path(g_paths[pi], dt, A_KERNEL), y->data, yr->data, N);
+        ASSERT_MATCH(isa, dt, dt, a_path(isa, dt, A_KERNEL), y->data, yr->data, N);
         ASSERT_OK(dt_backward_with(ctx, y, R));
         ASSERT_OK(dt_backward_with(ctx, yr, R));
-        ASSERT_MATCH(g_paths[pi], DT_F32, dt, a_path(g_paths[pi], dt, A_KERNEL), g[0]->data, g[1]->data, M);
+        ASSERT_MATCH(isa, DT_F32, dt, a_path(isa, dt, A_KERNEL), g[0]->data, g[1]->data, M);
         int odd = 0; /* qkv's gradient holds values of its dtype */
         int64_t nz = held_in_dtype(dt, g[0]->data, M, &odd);
         ASSERT_EQ_INT(odd, 0);
@@ -230,8 +231,9 @@ static void llama_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t KV,
     dt_rng_fill_uniform(dt_rng_key_make(23, DT_RNG_DATA, 2, 0), 0, vv, B * T * Ck, -2.0f, 2.0f);
     dt_rng_fill_uniform(dt_rng_key_make(23, DT_RNG_DATA, 3, 0), 0, gv, B * T * C, -1.0f, 1.0f);
     int ran = 0;
-    for (size_t pi = 0; pi < sizeof g_paths / sizeof g_paths[0]; pi++) {
-        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+    for (size_t pi = 0; pi < TEST_NISA; pi++) {
+        const dt_k_isa isa = test_isa_paths[pi];
+        if (dt_k_set_isa(isa) != DT_OK)
             continue;
         ran++;
         dt_tensor *q[2], *k[2], *v[2], *gq[2], *gk[2], *gvv[2], *y[2];
@@ -255,13 +257,13 @@ static void llama_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t KV,
             }
             ASSERT(y[r] && y[r]->dtype == dt);
         }
-        ASSERT_MATCH(g_paths[pi], dt, dt, a_path(g_paths[pi], dt, A_KERNEL), y[0]->data, y[1]->data, B * T * C);
+        ASSERT_MATCH(isa, dt, dt, a_path(isa, dt, A_KERNEL), y[0]->data, y[1]->data, B * T * C);
         dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, T, C), gv);
         ASSERT_OK(dt_backward_with(ctx, y[0], R));
         ASSERT_OK(dt_backward_with(ctx, y[1], R));
-        ASSERT_MATCH(g_paths[pi], DT_F32, dt, a_path(g_paths[pi], dt, A_DOWN(dt)), gq[0]->data, gq[1]->data, B * T * C);
-        ASSERT_MATCH(g_paths[pi], DT_F32, dt, a_path(g_paths[pi], dt, A_DOWN(dt)), gk[0]->data, gk[1]->data, B * T * Ck);
-        ASSERT_MATCH(g_paths[pi], DT_F32, dt, a_path(g_paths[pi], dt, A_DOWN(dt)), gvv[0]->data, gvv[1]->data, B * T * Ck);
+        ASSERT_MATCH(isa, DT_F32, dt, a_path(isa, dt, A_DOWN(dt)), gq[0]->data, gq[1]->data, B * T * C);
+        ASSERT_MATCH(isa, DT_F32, dt, a_path(isa, dt, A_DOWN(dt)), gk[0]->data, gk[1]->data, B * T * Ck);
+        ASSERT_MATCH(isa, DT_F32, dt, a_path(isa, dt, A_DOWN(dt)), gvv[0]->data, gvv[1]->data, B * T * Ck);
         int odd = 0;
         ASSERT(held_in_dtype(dt, gk[0]->data, B * T * Ck, &odd) > B * T * Ck / 2);
         ASSERT_EQ_INT(odd, 0);
@@ -311,8 +313,9 @@ static void kernel_case(dt_dtype dt)
     ASSERT_OK(dt_k_convert(xv, DT_F32, x16, dt, M));
     ASSERT_OK(dt_k_convert(x16, dt, xv, DT_F32, M)); /* the widened qkv */
     int ran = 0;
-    for (size_t pi = 0; pi < sizeof g_paths / sizeof g_paths[0]; pi++) {
-        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+    for (size_t pi = 0; pi < TEST_NISA; pi++) {
+        const dt_k_isa isa = test_isa_paths[pi];
+        if (dt_k_set_isa(isa) != DT_OK)
             continue;
         ran++;
         ASSERT_OK(dt_k_attention_fwd_heads(xv, B, T, H, D, 1, 4, true, 0.1f, key, yv[0], lse[0]));
@@ -322,9 +325,9 @@ static void kernel_case(dt_dtype dt)
             memset(yv[1], 0, sizeof yv[1]);
             memset(ylp, 0, sizeof ylp);
             ASSERT_OK(dt_k_attention_fwd_heads_lp(dt, x16, B, T, H, D, 1, 4, true, 0.1f, key, yv[1], ylp, lse[1]));
-            ASSERT_MATCH(g_paths[pi], DT_F32, DT_F32, a_path(g_paths[pi], dt, A_KERNEL), yv[1], yv[0], N);
-            ASSERT_MATCH(g_paths[pi], DT_F32, DT_F32, A_KERNEL, lse[1], lse[0], B * H * T);
-            ASSERT_MATCH(g_paths[pi], dt, dt, a_path(g_paths[pi], dt, A_KERNEL), ylp, h16, N);
+            ASSERT_MATCH(isa, DT_F32, DT_F32, a_path(isa, dt, A_KERNEL), yv[1], yv[0], N);
+            ASSERT_MATCH(isa, DT_F32, DT_F32, A_KERNEL, lse[1], lse[0], B * H * T);
+            ASSERT_MATCH(isa, dt, dt, a_path(isa, dt, A_KERNEL), ylp, h16, N);
         }
         dt_set_num_threads(0);
         ASSERT_OK(dt_k_convert(dyv, DT_F32, h16, dt, N));
@@ -333,7 +336,7 @@ static void kernel_case(dt_dtype dt)
         ASSERT_OK(dt_k_convert(g[0], DT_F32, h16, dt, M));
         ASSERT_OK(dt_k_convert(h16, dt, g[0], DT_F32, M));
         ASSERT_OK(dt_k_attention_bwd_heads_lp(dt, x16, yv[0], lse[0], dyv, B, T, H, D, 1, 4, true, 0.1f, key, g[1], NULL));
-        ASSERT_MATCH(g_paths[pi], DT_F32, dt, a_path(g_paths[pi], dt, A_KERNEL), g[1], g[0], M);
+        ASSERT_MATCH(isa, DT_F32, dt, a_path(isa, dt, A_KERNEL), g[1], g[0], M);
     }
     ASSERT(ran >= 1);
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));

@@ -15,6 +15,7 @@
  * one node instead of two, the GEMM's rounding pass replaced by the shadow.
  * When the logits have a second use, the shadow must not survive it. */
 #include "dtrain/dtrain.h"
+#include "isa_paths.h"
 #include "test.h"
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
@@ -82,9 +83,8 @@ static void ce_case(dt_dtype dt, int64_t N, int64_t K, int64_t C)
     int64_t *yv = malloc((size_t)N * 8);
     ASSERT(xv && wv && yv);
     fill_case(N, K, C, xv, wv, yv, 41 + (uint64_t)N);
-    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
-        if (dt_k_set_isa(paths[p]) != DT_OK)
+    for (size_t p = 0; p < TEST_NISA; p++) {
+        if (dt_k_set_isa(test_isa_paths[p]) != DT_OK)
             continue;
         dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, SH(N), yv);
         head a, b;
@@ -227,9 +227,8 @@ TEST(lmhead_lp_equals_unfused)
     fill_case(N, K, V, xv, wv, yv, 9);
     for (int i = 0; i < V * K; i++)
         wv[i] *= 0.25f;
-    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
-        if (dt_k_set_isa(paths[p]) != DT_OK)
+    for (size_t p = 0; p < TEST_NISA; p++) {
+        if (dt_k_set_isa(test_isa_paths[p]) != DT_OK)
             continue;
         dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, SH(N), yv);
         head a, b;
@@ -247,7 +246,8 @@ TEST(lmhead_lp_equals_unfused)
         ASSERT_OK(dt_backward(ctx, la));
         ASSERT_OK(dt_backward(ctx, lb));
         if (memcmp(a.x->grad->data, b.x->grad->data, sizeof xv) || memcmp(a.w->grad->data, b.w->grad->data, sizeof wv))
-            TEST_FAIL_("isa %s: the fused head's gradients differ from the unfused one's", dt_k_isa_name(paths[p]));
+            TEST_FAIL_("isa %s: the fused head's gradients differ from the unfused one's",
+                       dt_k_isa_name(test_isa_paths[p]));
         free_head(&a);
         free_head(&b);
         dt_ctx_reset(ctx);

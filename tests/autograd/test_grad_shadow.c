@@ -24,6 +24,7 @@
  * write the shadow alone (grad_f32_skipped): the f32 values are never
  * written. */
 #include "dtrain/dtrain.h"
+#include "isa_paths.h"
 #include "test.h"
 
 #include <math.h>
@@ -35,10 +36,6 @@
 enum { B = 2, T = 5, K = 24, H = 2, HD = 8, C = H * HD, KVC = HD };
 
 typedef enum { P_ADD, P_ROPE, P_SWIGLU, P_PACK, P_GELU, P_ATTN } producer;
-
-/* the conversion paths each case runs on (those the CPU has: dt_k_set_isa) */
-static const dt_k_isa g_paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-#define NPATH (sizeof g_paths / sizeof g_paths[0])
 
 static const char *const g_names[] = {"add_lp2", "rope", "swiglu", "gqa_pack", "bias_gelu", "attention"};
 
@@ -125,8 +122,8 @@ static void shadow_case(dt_dtype dt, producer p)
     for (int j = 0; j < HD / 2; j++)
         inv_freq[j] = 1.0f / (float)(1 << (2 * j));
     int ran = 0;
-    for (size_t pi = 0; pi < NPATH; pi++) {
-        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+    for (size_t pi = 0; pi < TEST_NISA; pi++) {
+        if (dt_k_set_isa(test_isa_paths[pi]) != DT_OK)
             continue;
         ran++;
         dt_ctx *ctx = NULL;
@@ -155,16 +152,16 @@ static void shadow_case(dt_dtype dt, producer p)
         int ngemm = (o[0] > 0) + (o[1] > 0) + (o[2] > 0);
         if (memcmp(l[0].x->grad->data, l[1].x->grad->data, (size_t)(B * T * K) * 4))
             TEST_FAIL_("%s %s path %d: x's gradient differs from the widening composition's", g_names[p],
-                       dt_dtype_name(dt), (int)g_paths[pi]);
+                       dt_dtype_name(dt), (int)test_isa_paths[pi]);
         for (int k = 0; k < 3; k++)
             if (o[k] && memcmp(l[0].w[k]->grad->data, l[1].w[k]->grad->data, (size_t)(o[k] * K) * 4))
                 TEST_FAIL_("%s %s path %d: weight %d's gradient differs from the widening composition's",
-                           g_names[p], dt_dtype_name(dt), (int)g_paths[pi], k);
+                           g_names[p], dt_dtype_name(dt), (int)test_isa_paths[pi], k);
         /* the biases' gradients: column sums of the shadow (A) and of the f32 gradient (B) */
         for (int k = 0; k < 3; k++)
             if (o[k] && memcmp(l[0].b[k]->grad->data, l[1].b[k]->grad->data, (size_t)o[k] * 4))
                 TEST_FAIL_("%s %s path %d: bias %d's gradient differs from the widening composition's",
-                           g_names[p], dt_dtype_name(dt), (int)g_paths[pi], k);
+                           g_names[p], dt_dtype_name(dt), (int)test_isa_paths[pi], k);
         /* A: every GEMM took its producer's shadow (the pack's q: a copy, converted) */
         const int copies = p == P_PACK ? 1 : 0;
         ASSERT_EQ_INT((int)s[0].grad_rounds, copies);
@@ -237,8 +234,8 @@ static void head_case(dt_dtype dt)
     dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 1, 0), 0, wv, V * K, -0.5f, 0.5f);
     for (int r = 0; r < B * T; r++)
         yv[r] = r % 4 == 1 ? DT_K_IGNORE_INDEX : (r * 7 + 2) % V;
-    for (size_t pi = 0; pi < NPATH; pi++) {
-        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+    for (size_t pi = 0; pi < TEST_NISA; pi++) {
+        if (dt_k_set_isa(test_isa_paths[pi]) != DT_OK)
             continue;
         dt_ctx *ctx = NULL;
         ASSERT_OK(dt_ctx_init(NULL, &ctx));
@@ -475,8 +472,8 @@ static void op_out_case(dt_dtype dt, bool ln)
     for (int j = 0; j < C; j++)
         bv[j] = 0.125f * (float)(j % 5) - 0.25f;
     int ran = 0;
-    for (size_t pi = 0; pi < NPATH; pi++) {
-        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+    for (size_t pi = 0; pi < TEST_NISA; pi++) {
+        if (dt_k_set_isa(test_isa_paths[pi]) != DT_OK)
             continue;
         ran++;
         dt_ctx *ctx = NULL;
@@ -507,7 +504,7 @@ static void op_out_case(dt_dtype dt, bool ln)
         for (size_t k = 0; k < sizeof g / sizeof g[0]; k++)
             if (memcmp(g[k].a->grad->data, g[k].b->grad->data, (size_t)dt_tensor_numel(g[k].a) * 4))
                 TEST_FAIL_("%s %s path %d: %s's gradient differs with the op's output gradient in f32",
-                           ln ? "layer norm" : "bias_gelu", dt_dtype_name(dt), (int)g_paths[pi], g[k].name);
+                           ln ? "layer norm" : "bias_gelu", dt_dtype_name(dt), (int)test_isa_paths[pi], g[k].name);
         /* the GELU writes its input's gradient in dt alone (the linear its one reader), layer norm in f32;
          * the linear its input's only where its GEMM writes dt itself (else no pass is saved) */
         const int lin = dt_k_matmul_writes_lp(dt);
@@ -549,8 +546,8 @@ static void embedding_case(dt_dtype dt, bool up)
         rv[i] = -0.0f;
     const int64_t ids[M] = {3, 1, 3, 7, 0, 9, 1, 3, 5, 10}; /* 3 and 1 repeated, the rest once */
     const int64_t pids[M] = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
-    for (size_t pi = 0; pi < NPATH; pi++) {
-        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+    for (size_t pi = 0; pi < TEST_NISA; pi++) {
+        if (dt_k_set_isa(test_isa_paths[pi]) != DT_OK)
             continue;
         float *g[2][2];
         for (int way = 0; way < 2; way++) { /* 0: the lp embeddings, 1: the widening composition */

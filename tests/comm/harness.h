@@ -44,6 +44,25 @@ static int th_rank_ = -1;
  * before each run): ranks can leave timestamps there for each other. */
 static volatile double *th_shared;
 
+/* Sleep ms milliseconds (the rest of it again after a signal). */
+static inline void th_nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* Wait for cond, a flag another rank or process sets (in th_shared, say),
+ * 1 ms naps at a time, for at most about ms milliseconds; the caller reads
+ * cond again to tell which ended the wait:
+ *
+ *     TH_WAIT_UNTIL(th_shared[1] != 0, 5000);
+ *     TH_CHECK(th_shared[1] != 0, "rank 1 never posted");
+ */
+#define TH_WAIT_UNTIL(cond, ms)                                                                    \
+    for (long th_k_ = 0; th_k_ < (ms) && !(cond); th_k_++)                                         \
+    th_nap_ms(1)
+
 /* Print a failure from inside a rank and return 1 from the body. */
 #define TH_CHECK(cond, ...)                                                                        \
     do {                                                                                           \
@@ -154,8 +173,7 @@ static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *code
                 }
             break;
         }
-        struct timespec nap = {0, 2000000};
-        nanosleep(&nap, NULL);
+        th_nap_ms(2);
     }
     if (hang)
         return TH_HANG;

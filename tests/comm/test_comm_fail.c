@@ -119,10 +119,7 @@ static int body_timeout(int rank, int size, void *arg)
     float v = 1;
     TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, &v, 1, DT_F32, DT_REDUCE_SUM));
     if (rank == 2) { /* stuck elsewhere until the others timed out */
-        for (int k = 0; k < 10000 && (th_shared[0] == 0 || th_shared[1] == 0); k++) {
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
+        TH_WAIT_UNTIL(th_shared[0] != 0 && th_shared[1] != 0, 10000);
         dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, &v, 1, DT_F32, DT_REDUCE_SUM);
         TH_CHECK(st == DT_ERR_TIMEOUT, "late rank: %s %s", dt_status_name(st), dt_last_error());
         dt_pg_free(pg);
@@ -165,10 +162,7 @@ typedef struct {
 
 static void gate_on_victim(void)
 {
-    for (int k = 0; k < 5000 && th_shared[1] == 0; k++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    TH_WAIT_UNTIL(th_shared[1] != 0, 5000);
     if (th_shared[1] == 0)
         return; /* the victim never posted: its own check fails the run */
     __sync_synchronize();
@@ -176,10 +170,7 @@ static void gate_on_victim(void)
     memcpy(&victim, (const char *)th_shared + VICTIM_AT, sizeof victim);
     dt__proc_id_self(&me);
     int fd = -2;
-    for (int k = 0; k < 5000 && !dt__proc_gone(&me, &victim, &fd); k++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    TH_WAIT_UNTIL(dt__proc_gone(&me, &victim, &fd), 5000);
     dt__proc_id_close(&fd);
 }
 
@@ -208,8 +199,7 @@ static int body_death(int rank, int size, void *arg)
         memcpy((char *)th_shared + VICTIM_AT, &me, sizeof me);
         __sync_synchronize();
         th_shared[1] = 1;
-        struct timespec ts = {0, 2000000};
-        nanosleep(&ts, NULL);
+        th_nap_ms(2);
         th_shared[0] = dt_time_s();
         dt_test_kill(getpid(), SIGKILL);
     }
@@ -448,10 +438,7 @@ static int body_async(int rank, int size, void *arg)
     float v = 1;
     dt_req *r;
     if (rank == 1) /* post only after rank 0's bounded wait ran out */
-        for (int k = 0; k < 10000 && th_shared[10] == 0; k++) {
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
+        TH_WAIT_UNTIL(th_shared[10] != 0, 10000);
     TH_OK(dt_pg_allreduce_async(pg, DT_IN_PLACE, &v, 1, DT_F32, DT_REDUCE_SUM, &r));
     if (rank == 0) {
         dt_status st = dt_req_wait(r, 0.05);

@@ -162,8 +162,7 @@ static int p2p_timeout_body(int rank, int size, void *argp)
         TH_CHECK(strstr(dt_req_message(rq), "rank 0 did not send"), "%s", dt_req_message(rq));
         dt_req_free(rq);
     } else {
-        struct timespec ts = {2, 0};
-        nanosleep(&ts, NULL);
+        th_nap_ms(2000);
     }
     dt_pg_free(pg);
     return 0;
@@ -207,13 +206,10 @@ static int concurrent_body(int rank, int size, void *argp)
         TH_CHECK(dt_req_test(ar) == DT_INPROGRESS, "the all-reduce finished without rank 0");
         th_shared[1 + rank] = 1;
     } else {
-        double t0 = dt_time_s();
-        for (int r = 1; r < size; r++)
-            while (th_shared[1 + r] == 0) {
-                TH_CHECK(dt_time_s() - t0 < 60, "rank %d never checked", r);
-                struct timespec ts = {0, 1000000};
-                nanosleep(&ts, NULL);
-            }
+        for (int r = 1; r < size; r++) {
+            TH_WAIT_UNTIL(th_shared[1 + r] != 0, 60000);
+            TH_CHECK(th_shared[1 + r] != 0, "rank %d never checked", r);
+        }
         TH_OK(dt_pg_allreduce_async(pg, DT_IN_PLACE, a, n, DT_F32, DT_REDUCE_SUM, &ar));
     }
     TH_OK(dt_req_wait(ar, -1));

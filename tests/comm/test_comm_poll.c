@@ -29,13 +29,6 @@ static double cpu_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void nap(double s)
-{
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
-
 #define N (1u << 20) /* 4 MiB: through the staging areas, piece by piece */
 
 static int body(int rank, int size, void *arg)
@@ -51,15 +44,15 @@ static int body(int rank, int size, void *arg)
             x[i] = (float)(rank + 1) * (float)(i % 7);
         TH_OK(dt_pg_barrier(pg));
         if (rank == 1) {
-            nap(1.2);
+            th_nap_ms(1200);
             TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, x, N, DT_F32, DT_REDUCE_SUM));
         } else {
             dt_req *rq = NULL;
             TH_OK(dt_pg_allreduce_async(pg, DT_IN_PLACE, x, N, DT_F32, DT_REDUCE_SUM, &rq));
             if (round == 0) { /* the rank computes while the progress thread waits for rank 1 */
-                nap(0.15); /* the progress thread has taken the request and reached the wait */
+                th_nap_ms(150); /* the progress thread has taken the request and reached the wait */
                 const double c0 = cpu_s();
-                nap(0.9);
+                th_nap_ms(900);
                 const double used = cpu_s() - c0;
                 TH_CHECK(used < 0.3, "the progress thread polled: %.3f s of CPU while the rank slept 0.9 s", used);
             }
@@ -79,13 +72,13 @@ static int body(int rank, int size, void *arg)
         x[i] = (float)(rank + 1), y[i] = (float)(2 * rank + 1);
     TH_OK(dt_pg_barrier(pg));
     if (rank == 1) {
-        nap(1.2);
+        th_nap_ms(1200);
         TH_OK(dt_pg_allreduce(dup, DT_IN_PLACE, y, N, DT_F32, DT_REDUCE_SUM));
         TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, x, N, DT_F32, DT_REDUCE_SUM));
     } else {
         dt_req *rq = NULL;
         TH_OK(dt_pg_allreduce_async(dup, DT_IN_PLACE, y, N, DT_F32, DT_REDUCE_SUM, &rq));
-        nap(0.15);
+        th_nap_ms(150);
         const double c0 = cpu_s();
         TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, x, N, DT_F32, DT_REDUCE_SUM));
         const double used = cpu_s() - c0;

@@ -136,8 +136,8 @@ static int body_stop(int rank, int size, void *arg)
      * the other's (seen in the mpi backend's twin of this test, tests/comm/mpi_flight.c) */
     if (rank == 2)
         th_shared[18] = 1;
-    for (double w0 = dt_time_s(); rank == 0 && th_shared[18] == 0 && dt_time_s() - w0 < 30;)
-        usleep(10000);
+    if (rank == 0)
+        TH_WAIT_UNTIL(th_shared[18] != 0, 30000);
     /* one SIGCONT, rank 0's: a second one (rank 2's) could arrive while rank 1 exits under LeakSanitizer, whose
      * exit check stops the process through ptrace (PTRACE_ATTACH's SIGSTOP): a SIGCONT then discards that stop
      * and the checker waits for it forever (seen under load in the ASan suite) */

@@ -29,6 +29,7 @@
  * caps (the scores capped before the softmax, dS times 1 - tanh^2 in the
  * reference) on the tiles and on every path's rows. */
 #include "dtrain/kernels.h"
+#include "isa_paths.h"
 #include "kernels/amx_tiles.h"
 #include "kernels/attention_amx.h"
 #include "test.h"
@@ -36,6 +37,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The row loops around the tiles a tile case runs with: scalar, AVX2, AVX-512 and the CPU's own */
+static const dt_k_isa g_tile_paths[4] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
 
 static const dt__amx_tiles *g_tiles; /* the AMX path's tiles: the model, or the hardware with "hw" */
 
@@ -292,9 +296,8 @@ TEST(amx_matches_reference)
         {1, 70, 2, 64, true, 0.0f}, {2, 33, 3, 40, false, 0.0f}, {1, 96, 1, 32, true, 0.0f},
         {1, 5, 2, 16, true, 0.0f},  {2, 45, 2, 64, true, 0.2f},  {1, 64, 2, 72, false, 0.1f},
     };
-    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
     for (size_t n = 0; n < 4 * (sizeof cases / sizeof cases[0]); n++) { /* every case on each path's rows */
-        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
+        if (dt_k_set_isa(g_tile_paths[n % 4]) != DT_OK)
             continue;
         dt__attention_amx_stats s0, s1;
         dt__amx_emul_stats e0, e1;
@@ -304,7 +307,8 @@ TEST(amx_matches_reference)
         dt__attention_amx_stats_get(&s1);
         dt__amx_emul_stats_get(&e1);
         if (bad)
-            printf("case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4], (long long)bad);
+            printf("case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)g_tile_paths[n % 4],
+                   (long long)bad);
         ASSERT_EQ_INT((long long)bad, 0);
         ASSERT(s1.tasks > s0.tasks);
         ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
@@ -379,16 +383,15 @@ static const masked_case g_window_cases[] = {
  * taking every task (no fallback to the rows) */
 static void amx_cases_on_paths(const char *what, const masked_case *cases, size_t nc)
 {
-    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
     for (size_t n = 0; n < 4 * nc; n++) {
-        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
+        if (dt_k_set_isa(g_tile_paths[n % 4]) != DT_OK)
             continue;
         dt__attention_amx_stats s0, s1;
         dt__attention_amx_stats_get(&s0);
         int64_t bad = amx_case(cases[n / 4].c, cases[n / 4].window, cases[n / 4].cap, NULL, NULL);
         dt__attention_amx_stats_get(&s1);
         if (bad)
-            printf("%s case %zu on path %d: %lld elements outside the bound\n", what, n / 4, (int)paths[n % 4],
+            printf("%s case %zu on path %d: %lld elements outside the bound\n", what, n / 4, (int)g_tile_paths[n % 4],
                    (long long)bad);
         ASSERT_EQ_INT((long long)bad, 0);
         ASSERT(s1.tasks > s0.tasks);
@@ -488,8 +491,7 @@ TEST(amx_cap_matches_reference)
 
 TEST(rows_cap_matches_reference)
 {
-    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-    rows_cases_on_paths("cap", paths, 4, g_cap_cases, sizeof g_cap_cases / sizeof g_cap_cases[0]);
+    rows_cases_on_paths("cap", test_isa_paths, TEST_NISA, g_cap_cases, sizeof g_cap_cases / sizeof g_cap_cases[0]);
 }
 
 /* Dropout (0.2, 0.3) beside a sliding window and a soft cap (dt_k_attention_ex_fwd: Mistral's and Gemma 2's
@@ -508,8 +510,8 @@ TEST(amx_dropout_window_cap_matches_reference)
 
 TEST(rows_dropout_window_cap_matches_reference)
 {
-    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-    rows_cases_on_paths("dropout", paths, 4, g_drop_cases, sizeof g_drop_cases / sizeof g_drop_cases[0]);
+    rows_cases_on_paths("dropout", test_isa_paths, TEST_NISA, g_drop_cases,
+                        sizeof g_drop_cases / sizeof g_drop_cases[0]);
 }
 
 /* More threads than tasks and than cores: the same bits as one thread (each
@@ -637,10 +639,9 @@ TEST(lp_alone_same_bits)
     dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 0, 0), 0, x, B * T * C3, -2.0f, 2.0f);
     dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 1, 0), 0, dy, B * T * C, -1.0f, 1.0f);
     const dt_rng_key key = dt_rng_key_make(78, DT_RNG_DROPOUT, 0, 0);
-    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
     for (int run = 0; run < 3 * 4; run++) {
         const int how = run / 4; /* 0: the tiles; 1: the tiles, head 1 of batch 1 non-finite; 2: the rows */
-        if (dt_k_set_isa(paths[run % 4]) != DT_OK)
+        if (dt_k_set_isa(g_tile_paths[run % 4]) != DT_OK)
             continue;
         for (int dt = 0; dt < (how == 2 ? 2 : 1); dt++) {
             const dt_dtype t = dt ? DT_F16 : DT_BF16;
@@ -660,7 +661,7 @@ TEST(lp_alone_same_bits)
             dt__attention_amx_disable(false);
             if (memcmp(d1, d2, sizeof d1))
                 TEST_FAIL_("%s qkv, run %d (path %d): the gradient in %s alone differs from the one beside f32",
-                           dt_dtype_name(t), how, (int)paths[run % 4], dt_dtype_name(t));
+                           dt_dtype_name(t), how, (int)g_tile_paths[run % 4], dt_dtype_name(t));
             if (how < 2) /* the tiles ran (the non-finite head on the rows) */
                 ASSERT(s1.tasks > s0.tasks && (s1.fallbacks > s0.fallbacks) == (how == 1));
             else
@@ -687,10 +688,9 @@ TEST(amx_dispatch)
     ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, TMAX * C3));
     const char *env = getenv("DT_ATTN_AMX");
     bool off = env && (!strcmp(env, "off") || !strcmp(env, "0")), on = env && (!strcmp(env, "on") || !strcmp(env, "1"));
-    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
     const int64_t Ts[] = {40, 63, 64, 95, 96, 128};
-    for (size_t r = 0; r < 4; r++) {
-        if (dt_k_set_isa(paths[r]) != DT_OK)
+    for (size_t r = 0; r < TEST_NISA; r++) {
+        if (dt_k_set_isa(test_isa_paths[r]) != DT_OK)
             continue;
         for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
             const int64_t T = Ts[k];
@@ -705,7 +705,7 @@ TEST(amx_dispatch)
             dt__attention_amx_stats_get(&s1);
             dt__amx_emul_stats_get(&e1);
             const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL), *vdp = dt__amx_tiles_vdp(NULL);
-            bool want = paths[r] == DT_K_ISA_AVX512_BF16 && !off &&
+            bool want = test_isa_paths[r] == DT_K_ISA_AVX512_BF16 && !off &&
                         ((hw && (T >= 64 || on)) || (!hw && vdp && (T >= 96 || on)));
             ASSERT_EQ_INT((long long)(s1.tasks > s0.tasks), (long long)want);
             ASSERT_EQ_INT((long long)(e1.loads - e0.loads), 0);

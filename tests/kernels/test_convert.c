@@ -21,6 +21,7 @@
  *  - lengths 0..67 at offsets 0..3 (every vector tail of 8-, 16- and
  *    32-element loops) as well as the long arrays. */
 #include "dtrain/kernels.h"
+#include "isa_paths.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -314,11 +315,10 @@ TEST(first_nonfinite)
 int main(int argc, char **argv)
 {
     if (argc > 1) {
-        static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
         bool found = false;
-        for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
-            if (!strcmp(argv[1], dt_k_isa_name(paths[i])))
-                g_path = paths[i], found = true;
+        for (size_t i = 0; i < TEST_NISA; i++)
+            if (!strcmp(argv[1], dt_k_isa_name(test_isa_paths[i])))
+                g_path = test_isa_paths[i], found = true;
         if (!found) {
             fprintf(stderr, "usage: test_convert [scalar|avx2|avx512|avx512_bf16]\n");
             return 2;
