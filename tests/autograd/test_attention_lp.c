@@ -34,7 +34,6 @@
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-
 /* Whether path isa runs the fast rows on a bf16/f16 qkv (then the bound,
  * else the bits). */
 static bool fast_path(dt_k_isa isa)
