@@ -37,10 +37,18 @@ printf '%-6s %-14s %-14s %-10s %-10s\n' seed dtrain_acc% torch_acc% dtrain_s tor
 for s in "${seeds[@]}"; do
   args=(train --model convnet --data fashion-mnist --epochs 1 --batch "$batch" --lr 0.01 --momentum 0.9
         --seed "$s" --rng "$rng" --progress none --precision "$precision")
+  # a failed run stops the table with its own message (set -e alone would end it silently)
+  rc=0
   if [ "$ranks" -gt 1 ]; then
-    out=$("$cli" run -n "$ranks" -- "$cli" "${args[@]}" 2>&1)
+    out=$("$cli" run -n "$ranks" -- "$cli" "${args[@]}" 2>&1) || rc=$?
   else
-    out=$("$cli" "${args[@]}" --threads "$threads" 2>&1)
+    out=$("$cli" "${args[@]}" --threads "$threads" 2>&1) || rc=$?
+  fi
+  if [ $rc != 0 ]; then # its output, then the first line that is not the launcher's, as the reason
+    why=$(grep -v -e '^dtrain run:' -e '^[[:space:]]*$' <<<"$out" | head -n 1 | sed 's/^\[[0-9]*\] //')
+    printf '%s\n' "$out" >&2
+    echo "accuracy_seeds.sh: dtrain failed (exit $rc, seed $s): ${why:-no message}" >&2
+    exit $rc
   fi
   da=$(sed -n 's/^\(\[0\] \)\{0,1\}test accuracy: \([0-9.]*\)%.*/\2/p' <<<"$out")
   dw=$(sed -n 's/^\(\[0\] \)\{0,1\}epoch wall time: \([0-9.]*\) s.*/\2/p' <<<"$out")
@@ -48,11 +56,12 @@ for s in "${seeds[@]}"; do
   if [ $have_torch = 1 ]; then
     if [ "$ranks" -gt 1 ]; then
       tout=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/train_convnet_ddp_pytorch.py --world "$ranks" \
-             --batch "$batch" --seed "$s" 2>&1)
+             --batch "$batch" --seed "$s" 2>&1) || rc=$?
     else
       tout=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/train_convnet_pytorch.py --batch "$batch" \
-             --seed "$s" --threads "$threads" 2>&1)
+             --seed "$s" --threads "$threads" 2>&1) || rc=$?
     fi
+    [ $rc = 0 ] || { printf '%s\n' "$tout" >&2; echo "accuracy_seeds.sh: PyTorch failed (exit $rc, seed $s)" >&2; exit $rc; }
     ta=$(sed -n 's/^test accuracy: \([0-9.]*\)%.*/\1/p' <<<"$tout")
     tw=$(sed -n 's/^epoch wall time: \([0-9.]*\) s.*/\1/p' <<<"$tout")
   fi

@@ -37,7 +37,10 @@
 # The scripts it runs: bench/gpt2_bf16_peer.sh, bench/torch_gemm_peak.py,
 # bench/llmc_peer.sh, bench/convnet_peer.sh, bench/accuracy_seeds.sh and
 # `dtrain bench step`. Their own output goes to the --logs directory (a
-# temporary one, removed, unless given). Nothing here is a test: the machine's
+# temporary one, removed unless a row failed, when none is given). A row
+# whose peer or data is missing reads "skipped" and says what it needs; a row
+# whose command failed, or printed no figure, reads "FAILED" with the last line
+# of its log, and the script then exits 1. Nothing here is a test: the machine's
 # load moves every figure, so read the ratios (each a median of interleaved
 # rounds), and take the figures for docs/BENCHMARKS.md from the scripts
 # themselves with more rounds.
@@ -75,7 +78,8 @@ if [ -n "$logs" ]; then
     mkdir -p "$logs" || exit 2
 else
     logs=$(mktemp -d "${TMPDIR:-/tmp}/dt-speed-targets.XXXXXX") || exit 2
-    trap 'rm -rf "$logs"' EXIT INT TERM
+    tmp_logs=1
+    trap '[ "${status:-0}" != 0 ] || rm -rf "$logs"' EXIT INT TERM
 fi
 
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
@@ -114,9 +118,17 @@ outside() { # the share of the CPUs' time used outside this script since mark
         split(a, x, " "); split(b, y, " "); cap = (t1 - t0) * hz * n; o = (y[1] - x[1]) - (y[2] - x[2])
         s = cap > 0 && o > 0 ? o / cap : 0; printf "%.3f", s < 1 ? s : 1 }'
 }
+# A row's figure is a number, "na:WHY" (what it needs is missing: skipped, saying why) or "failed:LOG" (its
+# command failed or printed no figure: FAILED, with the last line of LOG, and the script exits 1).
+status=0
+failed_note() { # LOG: the last line it holds, for a FAILED row
+    local l; l=$(grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1 | cut -c1-300)
+    echo "${l:-no figure and no message}; the log: $1"
+}
 row() { # name measured op bound [note]: judged (op "-": reported) unless the machine was busy since the last mark
     local v m=$2 o note=${5:-}
-    if [ "$2" = na ]; then v="skipped"; else
+    if [ "${2%%:*}" = na ]; then v="skipped" m=na; [ "$2" = na ] || note=${2#na:}
+    elif [ "${2%%:*}" = failed ]; then v="FAILED" m=na note=$(failed_note "${2#failed:}") status=1; else
         m=$(awk -v m="$2" 'BEGIN { printf "%.3f", m }')
         o=$(outside)
         if awk -v o="$o" 'BEGIN { exit !(o > 0.1) }'; then
@@ -130,18 +142,22 @@ row() { # name measured op bound [note]: judged (op "-": reported) unless the ma
     fi
     printf '%-46s %-10s %-10s %s%s\n' "$1" "$m" "$3$4" "$v" "${note:+ ($note)}"
 }
-# the median_ms ratio of case $2 in a gpt2_bf16_peer.sh / convnet_peer.sh output $1
-peer_ratio() { awk -v r="$2" '$1 == r && ($2 == "median_ms" || $2 == "ratio") { print ($2 == "ratio") ? $6 : $3; exit }' "$1"; }
+# the median_ms ratio of case $2 in a gpt2_bf16_peer.sh / convnet_peer.sh output $1 (nothing when that
+# script printed none: its "na" is a run that failed)
+peer_ratio() {
+    awk -v r="$2" '$1 == r && ($2 == "median_ms" || $2 == "ratio") {
+        v = ($2 == "ratio") ? $6 : $3; if (v != "na") print v; exit }' "$1"
+}
 jnum() { sed -n "s/.*\"$2\":\\([-0-9.eE+]*\\).*/\\1/p" "$1" | head -n 1; }
 
 # GPT-2 bf16 against torch.compile
 gpt2_peer() { # tag batch seq [model]
     local out="$logs/$1.txt"
-    [ -n "${PEER_PYTHON:-}" ] || { echo na; return; }
+    [ -n "${PEER_PYTHON:-}" ] || { echo "na:PEER_PYTHON not set"; return; }
     bench/gpt2_bf16_peer.sh --rounds "$rounds" --steps 3 --batch "$2" --seq "$3" --model "${4:-gpt2}" --no-eager \
-        >"$out" 2>"$logs/$1.err" || { echo na; return; }
+        >"$out" 2>"$logs/$1.err" || { echo "failed:$logs/$1.err"; return; }
     local m; m=$(peer_ratio "$out" dtrain/compile)
-    echo "${m:-na}"
+    echo "${m:-failed:$logs/$1.err}"
 }
 amx_b8=0.4 # the B=8 T=256 bound on AMX (its row, and the floor line beside the limit row)
 if [ "$cpu" != other ]; then
@@ -158,16 +174,17 @@ if [ "$cpu" != other ]; then
         # the step's 6 N B T rate against the best GEMM rate on its shapes: dtrain's own (peak_gflops) or PyTorch's
         s="$logs/bf16-limit.json"
         mark
+        g= pd= pt=
         "$cli" bench step --model gpt2 --batch 8 --seq 256 --precision bf16 --threads 2 --steps 3 --peak-reps 3 --json \
-            >"$s" 2>"$logs/bf16-limit.err"
-        g=$(jnum "$s" gflops) pd=$(jnum "$s" peak_gflops) pt=
+            >"$s" 2>"$logs/bf16-limit.err" && g=$(jnum "$s" gflops) pd=$(jnum "$s" peak_gflops)
         if [ -n "${PEER_PYTHON:-}" ]; then
             "$PEER_PYTHON" bench/torch_gemm_peak.py --threads 2 --reps 3 --json >"$logs/torch-gemm.json" 2>/dev/null &&
                 pt=$(tail -n 1 "$logs/torch-gemm.json" | sed -n 's/.*"peak_gflops": *\([0-9.eE+]*\).*/\1/p' |
                      awk '{ printf "%.1f", $1 }')
         fi
         f=$(awk -v g="${g:-}" -v a="${pd:-0}" -v b="${pt:-0}" \
-            'BEGIN { l = a > b ? a : b; if (g == "" || l <= 0) print "na"; else printf "%.3f", g / l }')
+            'BEGIN { l = a > b ? a : b; if (g == "" || l <= 0) print "fail"; else printf "%.3f", g / l }')
+        [ "$f" != fail ] || f="failed:$logs/bf16-limit.err"
         row "GPT-2 bf16 B=8 T=256 step / bf16 GEMM limit" "$f" ">=" 0.45 \
             "step ${g:-?} GFLOP/s; GEMMs: dtrain ${pd:-?}, PyTorch ${pt:-skipped}"
         # The lowest ratio to torch.compile any step could reach here: its GEMMs alone at the best rate
@@ -195,15 +212,17 @@ if [ "$cpu" != other ]; then
 fi
 
 if want llmc; then
-    m=na p=na
+    m="na:LLMC_SRC (an llm.c checkout) or PEER_PYTHON not set" p=$m
     mark
     if [ -n "${LLMC_SRC:-}" ] && [ -n "${PYTHON:-${PEER_PYTHON:-}}" ]; then
+        m= p=
         PYTHON=${PYTHON:-$PEER_PYTHON} bench/llmc_peer.sh --rounds "$rounds" >"$logs/llmc.txt" 2>"$logs/llmc.err" &&
             { m=$(awk '$1 == "dtrain/llmc" { print $3; exit }' "$logs/llmc.txt")
               p=$(sed -n 's/^dtrain pct_of_peak.*: \([0-9.]*\)$/\1/p' "$logs/llmc.txt"); }
-        p=$(awk -v p="${p:-}" 'BEGIN { if (p == "") print "na"; else printf "%.3f", p / 100 }')
+        m=${m:-failed:$logs/llmc.err}
+        p=$(awk -v p="${p:-}" -v f="failed:$logs/llmc.err" 'BEGIN { if (p == "") print f; else printf "%.3f", p / 100 }')
     fi
-    row "GPT-2 124M f32 B=4 T=64 / llm.c" "${m:-na}" "<=" 0.25
+    row "GPT-2 124M f32 B=4 T=64 / llm.c" "$m" "<=" 0.25
     row "the same, share of the f32 GEMM peak" "$p" ">=" 0.80
 fi
 
@@ -211,34 +230,40 @@ if want first-step; then
     prec=bf16; [ "$cpu" = other ] && prec=fp32
     s="$logs/first-step.json"
     mark
+    f= pf=
     "$cli" bench step --model gpt2 --batch 4 --seq 64 --precision "$prec" --threads 2 --steps 5 --peak-reps 0 --json \
-        >"$s" 2>"$logs/first-step.err"
-    row "first timed step / steady state (GPT-2 $prec)" "$(v=$(jnum "$s" first_over_median); echo "${v:-na}")" "<=" 1.2
-    row "page faults a step after the first" "$(v=$(jnum "$s" page_faults_per_step); echo "${v:-na}")" "<=" 0
+        >"$s" 2>"$logs/first-step.err" && f=$(jnum "$s" first_over_median) pf=$(jnum "$s" page_faults_per_step)
+    row "first timed step / steady state (GPT-2 $prec)" "${f:-failed:$logs/first-step.err}" "<=" 1.2
+    row "page faults a step after the first" "${pf:-failed:$logs/first-step.err}" "<=" 0
 fi
 
 if want convnet; then
-    m1=na m2=na
+    m1="na:no python with PyTorch 1.x (TORCH113_PYTHON; Debian's python3-torch)" m2="na:PEER_PYTHON not set"
     mark
     if [ -n "$t113" ]; then
+        m1=
         TORCH113_PYTHON=$t113 bench/convnet_peer.sh --rounds "$rounds" --steps 40 >"$logs/convnet.txt" \
-            2>"$logs/convnet.err" || true
-        m1=$(peer_ratio "$logs/convnet.txt" dtrain/t113)
-        [ -z "${PEER_PYTHON:-}" ] || m2=$(peer_ratio "$logs/convnet.txt" dtrain/t2)
+            2>"$logs/convnet.err" && m1=$(peer_ratio "$logs/convnet.txt" dtrain/t113) &&
+            { [ -z "${PEER_PYTHON:-}" ] || m2=$(peer_ratio "$logs/convnet.txt" dtrain/t2); }
+        m1=${m1:-failed:$logs/convnet.err}
+        [ -z "${PEER_PYTHON:-}" ] || m2=${m2:-failed:$logs/convnet.err}
     fi
-    row "ConvNet step, batch 100 / PyTorch 1.13" "${m1:-na}" "<=" 0.35
-    row "ConvNet step, batch 100 / PyTorch 2.x" "${m2:-na}" "<=" 0.5
+    row "ConvNet step, batch 100 / PyTorch 1.13" "$m1" "<=" 0.35
+    row "ConvNet step, batch 100 / PyTorch 2.x" "$m2" "<=" 0.5
 fi
 
 if want ddp-epoch; then
-    m=na
+    m="na:/usr/bin/python3 has no torch (Debian's python3-torch)"
     mark
     if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+        m=
         seeds=$(seq -s ' ' 0 $((rounds - 1)) | sed 's/[0-9][0-9]*/0/g')
         bash bench/accuracy_seeds.sh $seeds >"$logs/ddp.txt" 2>"$logs/ddp.err" &&
             m=$(awk 'NR > 1 && $1 ~ /^[0-9]+$/ && $5 > 0 { print $4 / $5 }' "$logs/ddp.txt" | sort -g |
                 awk '{a[NR] = $1} END { if (NR) printf "%.3f", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')
+        m=${m:-failed:$logs/ddp.err}
     fi
-    row "two-rank ConvNet epoch / PyTorch 1.13 DDP" "${m:-na}" "<=" 0.45
+    row "two-rank ConvNet epoch / PyTorch 1.13 DDP" "$m" "<=" 0.45
 fi
-echo "# the scripts' own output: $logs"
+[ -n "${tmp_logs:-}" ] && [ "$status" = 0 ] || echo "# the scripts' own output: $logs"
+exit $status
