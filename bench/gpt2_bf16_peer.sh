@@ -94,8 +94,9 @@ run() {
     [ -z "$logs" ] || cp "$out" "$logs/$c.$r.json"
     echo "$r ${ms:-na} ${cpu:-na} ${rss:-na}" >>"$tmp/$c"
     echo "# round $r/$rounds $c: median_ms ${ms:-n/a} cpu_ms ${cpu:-n/a} peak_rss_mib ${rss:-n/a}$wait (load $(cut -d' ' -f1 /proc/loadavg))" >&2
-    [ -n "$ms" ] || { echo "# $c failed; its stderr:" >&2; tail -n 5 "$out.err" >&2; }
+    [ -n "$ms" ] || { echo "# $c failed; its stderr:" >&2; tail -n 5 "$out.err" >&2; failed=$((failed + 1)); }
 }
+failed=0
 
 r=1
 while [ "$r" -le "$rounds" ]; do
@@ -125,3 +126,5 @@ printf '%-18s %-9s %7s  %s\n' ratio metric median spread
 for p in compile eager base; do
     case " $cases " in *" $p "*) ratio dtrain "$p" 2 median_ms; ratio dtrain "$p" 3 cpu_ms ;; esac
 done
+# a run that failed leaves its case's figures short: say so, and exit 1
+[ "$failed" = 0 ] || { echo "gpt2_bf16_peer.sh: $failed run(s) failed (their stderr above)" >&2; exit 1; }

@@ -107,8 +107,9 @@ run() {
     [ "$ms" = na ] && ms=''
     echo "$r ${ms:-na}" >>"$tmp/$c"
     echo "# round $r/$rounds $c: median_ms ${ms:-n/a}${pct:+ pct_of_peak $pct} (load $(cut -d' ' -f1 /proc/loadavg))" >&2
-    [ -n "$ms" ] || { echo "# $c failed; its output:" >&2; tail -n 5 "$out" "$out.err" >&2; }
+    [ -n "$ms" ] || { echo "# $c failed; its output:" >&2; tail -n 5 "$out" "$out.err" >&2; failed=$((failed + 1)); }
 }
+failed=0
 
 r=1
 while [ "$r" -le "$rounds" ]; do
@@ -123,3 +124,5 @@ for c in dtrain llmc; do printf '%-8s %12s\n' "$c" "$(awk '$2!="na"{print $2}' "
 join "$tmp/dtrain" "$tmp/llmc" | awk '$2!="na" && $3!="na" && $3>0 {print $2/$3}' >"$tmp/ratio"
 lo=$(sort -g "$tmp/ratio" | head -n 1) hi=$(sort -g "$tmp/ratio" | tail -n 1)
 printf 'dtrain/llmc median_ms %s  %s-%s\n' "$(med <"$tmp/ratio")" "${lo:-na}" "${hi:-na}"
+# a run that failed leaves its case's figures short: say so, and exit 1
+[ "$failed" = 0 ] || { echo "llmc_peer.sh: $failed run(s) failed (their output above)" >&2; exit 1; }

@@ -18,6 +18,10 @@
 set -eu
 cli=${DT_CLI:-build/dtrain}
 rounds=${1:-3}
+case $rounds in '' | *[!0-9]* | 0*)
+    echo "trace_overhead.sh: ROUNDS wants a positive count, got '$rounds' (usage: bench/trace_overhead.sh [ROUNDS])" >&2
+    exit 2 ;;
+esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # 200000 random tokens below 50257 in an llm.c token file: a header of 256
@@ -34,7 +38,11 @@ run() { # $1 = off|on, $2 = round: prints the run's median step ms
     [ "$1" = on ] && extra="--trace $tmp/trace-$2 --trace-steps 3:11"
     # shellcheck disable=SC2086
     /usr/bin/time -f "%U %S" -o "$tmp/cpu-$1-$2" "$cli" run -n 2 -- "$cli" train --model gpt2 --data "tokens:$tmp/tok.bin" --seq 32 --batch 1 --max-steps 10 \
-        --threads 1 --progress none --no-eval --log-every 1 --metrics "$m" $extra > "$tmp/out-$1-$2.txt" 2>&1
+        --threads 1 --progress none --no-eval --log-every 1 --metrics "$m" $extra > "$tmp/out-$1-$2.txt" 2>&1 || {
+        cat "$tmp/out-$1-$2.txt" >&2
+        echo "trace_overhead.sh: the run with the trace $1 failed (round $2)" >&2
+        exit 1
+    }
     grep '"event":"step"' "$m" | sed 's/.*"step":\([0-9]*\).*"time":\([0-9.]*\).*/\1 \2/' |
         awk 'NR > 1 && $1 >= 4 { printf "%.3f\n", ($2 - t) * 1000 } { t = $2 }' | median
 }

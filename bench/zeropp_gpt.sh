@@ -34,6 +34,10 @@ while [ $# -gt 0 ]; do
     *) sed -n '2,13p' "$0" >&2; exit 2 ;;
   esac
 done
+for v in "$steps" "$every"; do
+  case $v in '' | *[!0-9]* | 0*) echo "$0: --steps and --every want positive counts, got '$v'" >&2; exit 2 ;; esac
+done
+[ "$every" -le "$steps" ] || { echo "$0: --every $every is more than --steps $steps (no mean to print)" >&2; exit 2; }
 cli=$(realpath "$BUILD/dtrain" 2>/dev/null || echo "$BUILD/dtrain")
 [ -x "$cli" ] || { echo "$0: $cli not built" >&2; exit 1; }
 data=$(realpath -m "${DT_GPT_DATA_DIR:-$BUILD/gpt-data}")
