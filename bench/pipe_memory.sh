@@ -36,9 +36,16 @@ for round in $(seq 1 "$ROUNDS"); do
             extra=()
             [ "$pp" -gt 1 ] && extra=(--pp "$pp" --micro-batches 4 --pp-balance "$BALANCE")
             echo "== round $round, $bin, pp $pp ($(uptime | sed 's/.*load/load/'))"
-            "$bin" run -n "$pp" -- /usr/bin/time -f "peak RSS %M KiB (wall %e s)" \
-                "$bin" "${args[@]}" "${extra[@]}" 2>&1 |
-                grep -E "peak RSS|^(\[0\] )?memory rank|val loss|train loss" || true
+            # the lines that matter, or the whole output and exit 1 when the run failed
+            rc=0
+            out=$("$bin" run -n "$pp" -- /usr/bin/time -f "peak RSS %M KiB (wall %e s)" \
+                "$bin" "${args[@]}" "${extra[@]}" 2>&1) || rc=$?
+            if [ $rc != 0 ]; then
+                printf '%s\n' "$out" >&2
+                echo "pipe_memory.sh: $bin at pp $pp failed (exit $rc)" >&2
+                exit 1
+            fi
+            grep -E "peak RSS|^(\[0\] )?memory rank|val loss|train loss" <<<"$out" || true
         done
     done
 done
