@@ -36,6 +36,13 @@ add_test(NAME tools/speed_targets_quick
   COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/speed_targets_quick.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(tools/speed_targets_quick PROPERTIES TIMEOUT 120 LABELS "tools")
 
+# The bench scripts with a stand-in dtrain and PyTorch that fail at once:
+# each names the failed run and exits non-zero (accuracy_seeds.sh,
+# gpt2_bf16_peer.sh, scripts/bench.sh, trace_overhead.sh, pipe_memory.sh).
+add_test(NAME tools/bench_failures
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/bench_failures.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools/bench_failures PROPERTIES TIMEOUT 120 LABELS "tools" SKIP_RETURN_CODE 77)
+
 # signal_shim.so: preloaded by test_proc_safety into other test programs, it
 # makes fork/forkpty fail and refuses (and logs) any signal sent outside the
 # program's own process tree.
