@@ -239,9 +239,11 @@ fi
 
 if want convnet; then
     m1="na:no python with PyTorch 1.x (TORCH113_PYTHON; Debian's python3-torch)" m2="na:PEER_PYTHON not set"
+    [ -z "${PEER_PYTHON:-}" ] || m2=$m1 # convnet_peer.sh runs both peers, and only with PyTorch 1.x
     mark
     if [ -n "$t113" ]; then
         m1=
+        [ -z "${PEER_PYTHON:-}" ] || m2=
         TORCH113_PYTHON=$t113 bench/convnet_peer.sh --rounds "$rounds" --steps 40 >"$logs/convnet.txt" \
             2>"$logs/convnet.err" && m1=$(peer_ratio "$logs/convnet.txt" dtrain/t113) &&
             { [ -z "${PEER_PYTHON:-}" ] || m2=$(peer_ratio "$logs/convnet.txt" dtrain/t2); }
