@@ -23,6 +23,7 @@
 #include "proc.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,11 +45,12 @@ static int th_rank_ = -1;
  * before each run): ranks can leave timestamps there for each other. */
 static volatile double *th_shared;
 
-/* Sleep ms milliseconds (the rest of it again after a signal). */
+/* Sleep ms milliseconds (the rest of it again after a signal; any other
+ * failure, a bad ms, ends the nap instead of spinning on it). */
 static inline void th_nap_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
 }
 
