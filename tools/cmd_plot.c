@@ -61,37 +61,14 @@ static void rmtree(const char *dir, int nfiles)
  * return the exit code. */
 static int read_metrics(const char *in, dt__metrics_points *pts)
 {
-    /* the whole file: metrics files are small (a record per log step) */
-    FILE *f = fopen(in, "r");
-    if (!f) {
-        dt__cli_err("dtrain plot: cannot open %s: %s\n", in, strerror(errno));
-        return 2;
-    }
+    /* the whole file: metrics files are small (a record per log step); a regular file, not through a symlink
+       (a FIFO would block the read, a device read as empty) */
     char *text = NULL;
-    size_t tlen = 0, tcap = 0;
-    for (;;) {
-        if (tlen == tcap) {
-            size_t c = tcap ? 2 * tcap : 65536;
-            char *q = realloc(text, c);
-            if (!q) {
-                dt__cli_err("dtrain plot: %s: out of memory\n", in);
-                free(text);
-                fclose(f);
-                return 1;
-            }
-            text = q, tcap = c;
-        }
-        size_t k = fread(text + tlen, 1, tcap - tlen, f);
-        tlen += k;
-        if (k == 0)
-            break;
-    }
-    int rerr = ferror(f);
-    fclose(f);
-    if (rerr) {
-        dt__cli_err("dtrain plot: cannot read %s\n", in);
-        free(text);
-        return 2;
+    size_t tlen = 0;
+    dt_status st = dt_file_read_all(in, (size_t)1 << 32, &text, &tlen);
+    if (st < 0) {
+        dt__cli_err("dtrain plot: %s\n", dt_last_error());
+        return st == DT_ERR_NO_MEMORY ? 1 : 2;
     }
     char err[256];
     int prc = dt__metrics_parse(text, tlen, pts, err, sizeof err);

@@ -134,37 +134,6 @@ static const char *unit_name(const char *path)
     return p;
 }
 
-static char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    struct stat st; /* a directory opens, and its "size" is no size */
-    if (fstat(fileno(f), &st) != 0) {
-        int e = errno;
-        fclose(f);
-        errno = e;
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fclose(f);
-        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
-        return NULL;
-    }
-    char *b = NULL;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (b = malloc((size_t)len + 1)) && fread(b, 1, (size_t)len, f) == (size_t)len) {
-        b[len] = 0;
-        *n = (size_t)len;
-    } else {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    return b;
-}
-
 static void rmtree(const char *dir)
 {
     static const char *const f[] = {"plot.gp", "gnuplot.err", "out.png", "spans.dat", "rows.dat", "labels.dat"};
@@ -276,10 +245,11 @@ int dt__trace_plot(int argc, char **argv)
     if (dt__cli_out_file("dtrain trace plot", out_flag, out))
         return 2;
     size_t n = 0;
-    char *txt = read_all(in, &n);
-    if (!txt) {
-        dt__cli_err("dtrain trace plot: cannot read %s: %s\n", in, strerror(errno));
-        return 2;
+    char *txt = NULL;
+    dt_status rst = dt_file_read_all(in, (size_t)1 << 32, &txt, &n); /* a regular file, not through a symlink */
+    if (rst < 0) {
+        dt__cli_err("dtrain trace plot: %s\n", dt_last_error());
+        return rst == DT_ERR_NO_MEMORY ? 1 : 2;
     }
     cJSON *j = cJSON_ParseWithLength(txt, n);
     free(txt);
@@ -424,7 +394,8 @@ int dt__trace_plot(int argc, char **argv)
     {
         /* prepend the linetype definitions (1-based: kind k is linetype k+1) */
         size_t pn = 0;
-        char *body = read_all(p, &pn);
+        char *body = NULL;
+        dt_file_read_all(p, (size_t)1 << 32, &body, &pn);
         FILE *g2 = body ? fopen(p, "w") : NULL;
         if (!g2) {
             free(body);

@@ -116,11 +116,9 @@ dt_status dt__metrics_open(dt__metrics *m, const char *path, int64_t resume_step
     memcpy(m->path, path, n + 1);
     snprintf(m->partial, n + 9, "%s.partial", path);
     /* Refuse now, not after the whole run, a PATH the final rename would refuse. */
-    struct stat st;
-    dt_status s = DT_OK;
-    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
-        s = dt_error(DT_ERR_IO, "--metrics %s is a symbolic link; dtrain does not write through "
-                                "symlinks (remove it or choose another name)", path);
+    dt_status s = dt_file_check_target(path);
+    if (s < 0)
+        dt_error_wrap(s, "--metrics");
     else if ((s = dt_file_open(m->partial, 0644, &m->f)) < 0)
         dt_error_wrap(s, "--metrics %s", path);
     if (s == DT_OK && resume_step >= 0) { /* continue the newer of PATH.partial and PATH */

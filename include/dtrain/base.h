@@ -348,7 +348,9 @@ DT_API dt_status dt_torch_randperm(uint64_t seed, int64_t *out, int64_t n);
  * in NAME's directory (O_CREAT|O_EXCL|O_NOFOLLOW: nothing planted there is
  * ever opened) that dt_file_commit fsyncs and renames to NAME (rename never
  * writes through a link). An existing symlink at NAME is refused with an
- * error naming it. Whole files (checkpoints, plots):
+ * error naming it, and so is anything else there that is not a regular file
+ * (a device such as /dev/null, a FIFO, a socket, a directory), which the
+ * rename would replace. Whole files (checkpoints, plots):
  *
  *     dt_file *f;
  *     if (dt_file_open("model.safetensors", 0644, &f) < 0) return ...;
@@ -361,13 +363,13 @@ DT_API dt_status dt_torch_randperm(uint64_t seed, int64_t *out, int64_t n);
  * Errors are DT_ERR_IO with a message naming the path. */
 typedef struct dt_file dt_file;
 /* Start writing path: creates the temporary beside it with permission bits
- * mode (before the umask). Fails if path is a symlink. *out owned by the
- * caller; release with dt_file_close. */
+ * mode (before the umask). Fails if path is a symlink or anything else
+ * but a regular file. *out owned by the caller; release with dt_file_close. */
 DT_API dt_status dt_file_open(const char *path, int mode, dt_file **out);
 /* Write all n bytes (retries short writes and EINTR). */
 DT_API dt_status dt_file_write(dt_file *f, const void *data, size_t n);
-/* fsync, rename the temporary to the final path (refusing a symlink that
- * appeared there), fsync the directory. The fd stays open for writing; a
+/* fsync, rename the temporary to the final path (refusing a symlink or
+ * other non-regular file that appeared there), fsync the directory. The fd stays open for writing; a
  * second commit is a no-op. */
 DT_API dt_status dt_file_commit(dt_file *f);
 /* Close the fd; an uncommitted file's temporary is removed (the final path
@@ -383,7 +385,15 @@ DT_API dt_status dt_file_write_atomic(const char *path, const void *data, size_t
 /* Create path exclusively (O_CREAT|O_EXCL|O_NOFOLLOW) and return its fd in
  * *fd (-1 on error): for files that must not replace anything. */
 DT_API dt_status dt_file_create_excl(const char *path, int mode, int *fd);
-/* rename(from, to), refusing a symlink at to, then fsync to's directory. */
+/* Whether dt_file_commit could put a file at path: DT_OK when nothing is
+ * there or a regular file is; DT_ERR_IO naming it for a symlink, a
+ * directory, a device (/dev/null), a FIFO or a socket. For a caller that
+ * renames into place long after it starts (a run's metrics file), to refuse
+ * such a name at the start rather than at the end. */
+DT_API dt_status dt_file_check_target(const char *path);
+/* rename(from, to), refusing a symlink at to and anything there but a file
+ * of from's kind (a regular file; a directory when from is one), then fsync
+ * to's directory. */
 DT_API dt_status dt_file_rename(const char *from, const char *to);
 /* Whether path is a link the Hugging Face hub cache made: a file of a
  * snapshot, REPO/snapshots/REV/NAME, linked to a regular file in the same

@@ -7,7 +7,9 @@
  * its final name by rename(2), which replaces a directory entry and never
  * writes through one. A symlink already at the final name is refused with a
  * message rather than silently replaced: whoever made it meant something by
- * it. Same directory = same filesystem, so the rename is atomic; the file is
+ * it; so is anything else there that is not a regular file (a device such
+ * as /dev/null, a FIFO, a socket, a directory), which the rename would
+ * replace. Same directory = same filesystem, so the rename is atomic; the file is
  * fsynced before it and the directory after it, so after a crash the name
  * holds the old file or the whole new one. */
 #include "dtrain/base.h"
@@ -27,14 +29,38 @@ struct dt_file {
     char *tmp;      /* temporary name (unlinked once committed) */
 };
 
-/* Refuse a symlink at path; anything else (absent, a regular file) is fine. */
-static dt_status check_not_symlink(const char *path)
+/* Whether a rename may put a new file (dir: a directory) at path: nothing is
+ * there, or the same kind of thing. A symlink is refused, and so is anything
+ * else: the rename would replace a device such as /dev/null, a FIFO or a
+ * socket with the file (as root, /dev/null itself), and a directory cannot
+ * take a file's place. */
+static dt_status check_replaceable(const char *path, bool dir)
 {
     struct stat st;
-    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+    if (lstat(path, &st) != 0 || (dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)))
+        return DT_OK;
+    if (S_ISLNK(st.st_mode))
         return dt_error(DT_ERR_IO, "%s is a symbolic link; dtrain does not write through symlinks "
                                    "(remove it or choose another name)", path);
-    return DT_OK;
+    const char *what = S_ISCHR(st.st_mode)    ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISREG(st.st_mode)  ? "a regular file"
+                                              : "not a regular file";
+    if (S_ISDIR(st.st_mode))
+        return dt_error(DT_ERR_IO, "%s is a directory (give a file name)", path);
+    if (dir)
+        return dt_error(DT_ERR_IO, "%s is %s, not a directory (choose another name)", path, what);
+    return dt_error(DT_ERR_IO, "%s is %s; dtrain writes a file whole and renames it into place, which would "
+                               "replace it (choose another name)", path, what);
+}
+
+dt_status dt_file_check_target(const char *path)
+{
+    if (!path || !*path)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_file_check_target: empty path");
+    return check_replaceable(path, false);
 }
 
 /* fsync path's directory so that a rename into it survives a crash.
@@ -83,7 +109,7 @@ dt_status dt_file_open(const char *path, int mode, dt_file **out)
     *out = NULL;
     if (!path || !*path)
         return dt_error(DT_ERR_INVALID_ARG, "dt_file_open: empty path");
-    dt_status st = check_not_symlink(path);
+    dt_status st = check_replaceable(path, false);
     if (st < 0)
         return st;
     dt_file *f = calloc(1, sizeof *f);
@@ -151,7 +177,7 @@ dt_status dt_file_commit(dt_file *f)
         return DT_OK;
     if (fsync(f->fd) != 0 && errno != EINVAL)
         return dt_error(DT_ERR_IO, "cannot sync %s: %s", f->path, strerror(errno));
-    dt_status st = check_not_symlink(f->path);
+    dt_status st = check_replaceable(f->path, false);
     if (st < 0)
         return st;
     if (rename(f->tmp, f->path) != 0)
@@ -190,7 +216,8 @@ dt_status dt_file_write_atomic(const char *path, const void *data, size_t n, int
 
 dt_status dt_file_rename(const char *from, const char *to)
 {
-    dt_status st = check_not_symlink(to);
+    struct stat sf;
+    dt_status st = check_replaceable(to, lstat(from, &sf) == 0 && S_ISDIR(sf.st_mode));
     if (st < 0)
         return st;
     if (rename(from, to) != 0)

@@ -713,50 +713,46 @@ dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
 {
     if (!c || !path)
         return dt_error(DT_ERR_NULL, "dt_plan_calib_save: NULL argument");
-    struct stat sb;
-    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode))
-        return dt_error(DT_ERR_IO, "planner calibration '%s' is a symbolic link; not followed", path);
-    size_t n = strlen(path) + 16;
-    char *tmp = malloc(n);
-    if (!tmp)
-        return dt_error(DT_ERR_NO_MEMORY, "dt_plan_calib_save");
-    snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        free(tmp);
-        return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
-    }
+    /* Written whole, then renamed into place (dt_file): never through a symlink, never over a device. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return dt_error(DT_ERR_NO_MEMORY, "planner calibration '%s': out of memory", path);
     fprintf(f, "dtrain-plan-calib 6\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
             dt_dtype_name(c->dtype), c->cores);
 #define W(name, fmt, cast, type) fprintf(f, #name " " fmt "\n", cast c->name);
     CALIB_FIELDS(W)
 #undef W
-    int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        free(tmp);
-        return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
+    if (fclose(f) != 0) {
+        free(text);
+        return dt_error(DT_ERR_NO_MEMORY, "planner calibration '%s': out of memory", path);
     }
-    free(tmp);
-    return DT_OK;
+    dt_status st = dt_file_write_atomic(path, text, len, 0644);
+    free(text);
+    return st < 0 ? dt_error_wrap(st, "planner calibration") : DT_OK;
 }
 
 dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, dt_dtype dtype, dt_plan_calib *out)
 {
     if (!path || !model || !out)
         return dt_error(DT_ERR_NULL, "dt_plan_calib_load: NULL argument");
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    /* O_NONBLOCK: a FIFO named here must not block the open; it is refused below with anything else that is not
+       a regular file (a device would read as an empty, incomplete file). */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) /* a symlink is not read: as absent (measured again; the save refuses it too) */
+        return dt_error(errno == ENOENT || errno == ELOOP ? DT_ERR_NOT_FOUND : DT_ERR_IO,
+                        "planner calibration '%s': %s", path,
+                        errno == ELOOP ? "a symbolic link (not followed)" : strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a regular file", path);
+    }
+    FILE *f = fdopen(fd, "r");
     if (!f) {
-        if (fd >= 0)
-            close(fd);
-        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s': %s", path, strerror(errno));
+        close(fd);
+        return dt_error(DT_ERR_NO_MEMORY, "planner calibration '%s': %s", path, strerror(errno));
     }
     dt_plan_calib c;
     memset(&c, 0, sizeof c);

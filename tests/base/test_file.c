@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 static char g_dir[64];
@@ -142,6 +143,71 @@ TEST(symlink_appearing_before_commit_refused)
     ASSERT_EQ_INT(count_temps(), 0);
     unlink(p);
     unlink(target);
+}
+
+/* Whether path is still what kind says (S_IFIFO, S_IFCHR, S_IFDIR). */
+static bool still(const char *path, mode_t kind)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+/* A name that holds a FIFO, a directory or (as root) a device node is refused
+ * by every writer: rename(2) would replace the FIFO or the device with the
+ * file (as root, `--metrics /dev/null` once replaced /dev/null itself). The
+ * device is a node of our own in the test's directory, never /dev/null. */
+TEST(non_regular_target_refused_and_kept)
+{
+    char fifo[128], dev[128], dir[128], from[128];
+    path_in(fifo, sizeof fifo, "fifo");
+    path_in(dev, sizeof dev, "null-node");
+    path_in(dir, sizeof dir, "a-dir");
+    path_in(from, sizeof from, "from-file");
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
+    ASSERT_EQ_INT(mkdir(dir, 0700), 0);
+    const bool have_dev = mknod(dev, S_IFCHR | 0600, makedev(1, 3)) == 0; /* root only */
+    const char *names[] = {fifo, dir, dev};
+    const char *kinds[] = {"a FIFO", "a directory", "a character device"};
+    const mode_t modes[] = {S_IFIFO, S_IFDIR, S_IFCHR};
+    for (int i = 0; i < (have_dev ? 3 : 2); i++) {
+        dt_file *f = NULL;
+        ASSERT_STATUS(dt_file_open(names[i], 0644, &f), DT_ERR_IO);
+        ASSERT(f == NULL);
+        ASSERT_STR_CONTAINS(dt_last_error(), names[i]);
+        ASSERT_STR_CONTAINS(dt_last_error(), kinds[i]);
+        ASSERT_STATUS(dt_file_write_atomic(names[i], "x", 1, 0644), DT_ERR_IO);
+        ASSERT_STATUS(dt_file_check_target(names[i]), DT_ERR_IO);
+        ASSERT_STR_CONTAINS(dt_last_error(), kinds[i]);
+        put(from, "data");
+        ASSERT_STATUS(dt_file_rename(from, names[i]), DT_ERR_IO);
+        ASSERT(still(names[i], modes[i]));
+        ASSERT_STR_EQ(slurp(from), "data");
+    }
+    /* one that appears at the name between open and commit (the metrics file's rename comes at the run's end) */
+    char late[128];
+    path_in(late, sizeof late, "late-fifo");
+    dt_file *f;
+    ASSERT_OK(dt_file_open(late, 0644, &f));
+    ASSERT_OK(dt_file_write(f, "x", 1));
+    ASSERT_EQ_INT(mkfifo(late, 0600), 0);
+    ASSERT_STATUS(dt_file_commit(f), DT_ERR_IO);
+    ASSERT_OK(dt_file_close(f));
+    ASSERT(still(late, S_IFIFO));
+    ASSERT_EQ_INT(count_temps(), 0);
+    /* what may be there: nothing, a regular file; a directory renamed over an empty directory (checkpoints) */
+    char reg[128], d2[128];
+    path_in(reg, sizeof reg, "regular");
+    path_in(d2, sizeof d2, "a-dir2");
+    put(reg, "old");
+    ASSERT_OK(dt_file_check_target(reg));
+    ASSERT_OK(dt_file_write_atomic(reg, "new", 3, 0644));
+    ASSERT_STR_EQ(slurp(reg), "new");
+    ASSERT_EQ_INT(mkdir(d2, 0700), 0);
+    ASSERT_OK(dt_file_rename(d2, dir));
+    ASSERT(still(dir, S_IFDIR));
+    ASSERT_STATUS(dt_file_rename(reg, dir), DT_ERR_IO); /* a file over a directory */
+    ASSERT_STATUS(dt_file_check_target(""), DT_ERR_INVALID_ARG);
+    unlink(fifo), unlink(late), unlink(dev), unlink(from), unlink(reg), rmdir(dir);
 }
 
 TEST(create_excl)
@@ -291,6 +357,7 @@ int main(void)
     RUN(live_file_visible_while_written);
     RUN(symlink_refused_target_unchanged);
     RUN(symlink_appearing_before_commit_refused);
+    RUN(non_regular_target_refused_and_kept);
     RUN(create_excl);
     RUN(rename_and_errors);
     RUN(path_trim_slashes);

@@ -203,6 +203,10 @@ TEST(mem_per_rank_refuses_by_name)
 
 TEST(bad_flags_exit_2)
 {
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/calib.fifo", cli_tmpdir());
+    unlink(fifo);
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
     struct {
         char *args[12];
         const char *says;
@@ -219,6 +223,8 @@ TEST(bad_flags_exit_2)
         {{"plan", "--world", NULL}, "--world needs a value"},
         /* a directory: named as one (it was "not a complete file ... delete it to measure again") */
         {{"plan", "--world", "2", "--model", "gpt-micro", "--calib", (char *)cli_tmpdir(), NULL}, "is a directory"},
+        /* a FIFO: refused, not opened (the open blocked for ever waiting for a writer) */
+        {{"plan", "--world", "2", "--model", "gpt-micro", "--calib", fifo, NULL}, "not a regular file"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_result r;

@@ -96,7 +96,19 @@ TEST(usage_errors)
     cli_result r;
     cli_runv(&r, 30, NULL, (char *[]){"plot", "/nonexistent/m.jsonl", "-o", "/tmp/x.png", NULL});
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "cannot open /nonexistent/m.jsonl");
+    ASSERT_STR_CONTAINS(r.err, "/nonexistent/m.jsonl: No such file or directory");
+    /* a FIFO or a directory: refused, not opened (the FIFO's open blocked for ever waiting for a writer) */
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/m.fifo", cli_tmpdir());
+    unlink(fifo);
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
+    cli_runv(&r, 30, NULL, (char *[]){"plot", fifo, "-o", "/tmp/x.png", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not a regular file");
+    cli_runv(&r, 30, NULL, (char *[]){"plot", (char *)cli_tmpdir(), "-o", "/tmp/x.png", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not a regular file");
+    unlink(fifo);
     cli_runv(&r, 30, NULL, (char *[]){"plot", NULL});
     ASSERT_EQ_INT(r.code, 2);
     cli_runv(&r, 30, NULL, (char *[]){"plot", "a.jsonl", "--colour", NULL});

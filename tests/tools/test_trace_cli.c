@@ -323,9 +323,12 @@ TEST(window_past_the_run_is_said)
 TEST(bad_arguments_exit_2)
 {
     static cli_result r;
-    char empty[340], dir[340];
+    char empty[340], dir[340], fifo[340];
     snprintf(empty, sizeof empty, "%s/empty-trace.json", cli_tmpdir());
     snprintf(dir, sizeof dir, "%s", cli_tmpdir());
+    snprintf(fifo, sizeof fifo, "%s/trace.fifo", cli_tmpdir());
+    unlink(fifo);
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
     FILE *f = fopen(empty, "w");
     ASSERT(f != NULL);
     fputs("{\"traceEvents\":[]}\n", f);
@@ -343,7 +346,10 @@ TEST(bad_arguments_exit_2)
         {{"trace", "plot", empty, "--step", "-1", NULL}, "--step: -1 is out of range"},
         {{"trace", "plot", empty, NULL}, "no step in the trace"},
         {{"trace", "summary", empty, NULL}, "no events to summarize"}, /* it printed empty tables, exit 0 */
-        {{"trace", "plot", dir, NULL}, "Is a directory"},
+        {{"trace", "plot", dir, NULL}, "not a regular file"},
+        /* a FIFO: refused, not opened (the open blocked for ever waiting for a writer) */
+        {{"trace", "plot", fifo, NULL}, "not a regular file"},
+        {{"trace", "summary", fifo, NULL}, "not a regular file"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(&r, 60, NULL, cases[i].args);

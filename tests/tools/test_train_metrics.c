@@ -17,6 +17,8 @@
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 static char g_text[65536];
 
@@ -261,6 +263,43 @@ TEST(symlinks_not_followed)
     }
 }
 
+/* --metrics naming a FIFO, a directory or (as root) a device node is refused
+ * at the start, before any step, and the thing is still there: the rename at
+ * the end replaced it (as root, `--metrics /dev/null` replaced /dev/null
+ * with a regular file), a directory failed the rename after the whole run.
+ * The device is a node of the test's own, never /dev/null. */
+TEST(non_regular_file_refused_at_start)
+{
+    char fifo[600], dev[600], dir[600];
+    snprintf(fifo, sizeof fifo, "%s/m.fifo", cli_tmpdir());
+    snprintf(dev, sizeof dev, "%s/m.null", cli_tmpdir());
+    snprintf(dir, sizeof dir, "%s/m.dir", cli_tmpdir());
+    unlink(fifo), unlink(dev), rmdir(dir);
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
+    ASSERT_EQ_INT(mkdir(dir, 0700), 0);
+    const bool have_dev = mknod(dev, S_IFCHR | 0600, makedev(1, 3)) == 0; /* root only */
+    const char *names[] = {fifo, dir, dev}, *kinds[] = {"a FIFO", "a directory", "a character device"};
+    const mode_t modes[] = {S_IFIFO, S_IFDIR, S_IFCHR};
+    for (int i = 0; i < (have_dev ? 3 : 2); i++) {
+        cli_result r;
+        cli_runv(&r, 300, NULL,
+                 (char *[]){"train", "--model", "mlp", "--batch", "2", "--random-items", "4", "--limit-test", "2",
+                            "--progress", "plain", "--log-every", "1", "--metrics", (char *)names[i], NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "--metrics");
+        ASSERT_STR_CONTAINS(r.err, names[i]);
+        ASSERT_STR_CONTAINS(r.err, kinds[i]);
+        ASSERT(!strstr(r.out, "step 1/")); /* refused before training */
+        struct stat st;
+        ASSERT_EQ_INT(lstat(names[i], &st), 0);
+        ASSERT_EQ_INT((int)(st.st_mode & S_IFMT), (int)modes[i]);
+        char part[620];
+        snprintf(part, sizeof part, "%s.partial", names[i]);
+        ASSERT_EQ_INT(access(part, F_OK), -1);
+    }
+    unlink(fifo), unlink(dev), rmdir(dir);
+}
+
 /* The samples/s of the progress lines leaves evaluation out, as the step
  * records and the epoch line do: with an evaluation after every step that
  * costs more than the step, both figures still agree (they were 3x apart
@@ -301,6 +340,7 @@ int main(void)
     RUN(signals_mid_step_never_crash);
     RUN(failed_run_keeps_older_file);
     RUN(symlinks_not_followed);
+    RUN(non_regular_file_refused_at_start);
     RUN(throughput_excludes_evaluation);
     int rc = TEST_REPORT();
     cli_cleanup();
