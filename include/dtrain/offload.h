@@ -136,8 +136,9 @@ DT_API void dt_offload_announce(const dt_offload_params *p);
 typedef struct dt_nvme_store dt_nvme_store;
 
 /* Create the per-run directory under p->nvme_path and start the I/O engine
- * (p->io). Errors: DT_ERR_INVALID_ARG (no path, device not NVME),
- * DT_ERR_IO naming the path (missing, not a directory, not writable),
+ * (p->io). Errors: DT_ERR_INVALID_ARG (no path, device not NVME; naming
+ * the path: missing or not a directory), DT_ERR_IO naming the path (the
+ * run directory cannot be made in it: not writable, full),
  * DT_ERR_UNSUPPORTED (an engine asked for by name is not available). */
 DT_API dt_status dt_nvme_store_open(const dt_offload_params *p, dt_nvme_store **out);
 /* Wait for outstanding requests, remove every file and the directory, free.

@@ -376,14 +376,14 @@ TEST(bad_paths_are_clear_errors)
     char path[512];
     snprintf(path, sizeof path, "%s/does-not-exist", g_root);
     p.nvme_path = path;
-    ASSERT_STATUS(dt_nvme_store_open(&p, &s), DT_ERR_IO);
+    ASSERT_STATUS(dt_nvme_store_open(&p, &s), DT_ERR_INVALID_ARG); /* bad input: dtrain train exits 2 */
     ASSERT_STR_CONTAINS(dt_last_error(), path);
     /* a file, not a directory */
     snprintf(path, sizeof path, "%s/plainfile", g_root);
     int fd = open(path, O_CREAT | O_WRONLY | O_EXCL, 0600);
     ASSERT(fd >= 0);
     close(fd);
-    ASSERT_STATUS(dt_nvme_store_open(&p, &s), DT_ERR_IO);
+    ASSERT_STATUS(dt_nvme_store_open(&p, &s), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "not a directory");
     unlink(path);
     /* a directory nobody may create in: /proc (root ignores mode bits, so

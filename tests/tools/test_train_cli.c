@@ -41,6 +41,16 @@ TEST(bad_flags)
                                                                                                    "nothing"));
     ASSERT(expect2((char *[]){"train", "--optimizer", "lamb", "--offload", "nvme:x", NULL}, "--offload",
                    "--optimizer lamb"));
+    /* an NVMe directory that is missing or not a directory is bad input: exit 2 (it was 1, as a failed run) */
+    cli_result r;
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "mlp", "--data", "random", "--random-items", "8",
+                                       "--no-eval", "--offload", "nvme:/nonexistent-dtrain-dir", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "nvme_path '/nonexistent-dtrain-dir'");
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "mlp", "--data", "random", "--random-items", "8",
+                                       "--no-eval", "--offload", "nvme:" DT_SOURCE_DIR "/README.md", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not a directory");
     ASSERT(expect2((char *[]){"train", "--eps", "0", "--optimizer", "adam", NULL}, "--eps", "out of range"));
     ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));
@@ -74,7 +84,6 @@ TEST(bad_flags)
     ASSERT(expect2((char *[]){"train", "--no-eval=1", NULL}, "--no-eval takes no value", NULL));
     ASSERT(expect2((char *[]){"train", "--data", "cifar", NULL}, "--data cifar", "unknown data"));
     ASSERT(expect2((char *[]){"train", "--model", "convnet", "--data", "random", NULL}, "--data random", NULL));
-    cli_result r;
     cli_runv(&r, 30, NULL, (char *[]){"train", "--help", NULL});
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "--clip-grad-norm");

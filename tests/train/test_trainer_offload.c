@@ -111,7 +111,7 @@ TEST(lamb_with_nvme_is_refused)
     dt_trainer_free(tr);
     tp.offload.nvme_path = "/nonexistent-dir-for-dtrain";
     ASSERT_OK(dt_strategy_none_init(&s));
-    ASSERT_STATUS(dt_trainer_init(m, s, &tp, &tr), DT_ERR_IO);
+    ASSERT_STATUS(dt_trainer_init(m, s, &tp, &tr), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "/nonexistent-dir-for-dtrain");
     dt_model_free(m);
 }

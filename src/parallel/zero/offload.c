@@ -447,11 +447,12 @@ dt_status dt_nvme_store_open(const dt_offload_params *p, dt_nvme_store **out)
     if (!p || p->device != DT_OFFLOAD_NVME || !p->nvme_path || !*p->nvme_path)
         return dt_error(DT_ERR_INVALID_ARG, "offload: device nvme needs nvme_path (a directory on a fast disk)");
     struct stat sb;
+    /* what the user named: bad input (DT_ERR_INVALID_ARG, the command's exit 2), not a failure of the run */
     if (stat(p->nvme_path, &sb) < 0)
-        return dt_error(DT_ERR_IO, "offload nvme_path '%s': %s (it must be an existing directory)", p->nvme_path,
-                        strerror(errno));
+        return dt_error(DT_ERR_INVALID_ARG, "offload nvme_path '%s': %s (it must be an existing directory)",
+                        p->nvme_path, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
-        return dt_error(DT_ERR_IO, "offload nvme_path '%s': not a directory", p->nvme_path);
+        return dt_error(DT_ERR_INVALID_ARG, "offload nvme_path '%s': not a directory", p->nvme_path);
     dt_nvme_store *s = calloc(1, sizeof *s);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "dt_nvme_store_open");
