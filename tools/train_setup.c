@@ -602,7 +602,10 @@ int dt__tr_setup_data(dt__train_run *t)
         rp.seed = t->o.seed;
         if ((st = dt_dataset_random_init(&rp, &t->base_train)) < 0)
             return dt__tr_fail(2, what);
-        if ((st = dt_dataset_subset_init(t->base_train, 0, t->o.random_items, &t->train)) < 0 ||
+        /* --limit-train cuts the training split as for any data (it was ignored here: 6000 items trained) */
+        int64_t ntr = t->o.limit_train > 0 && t->o.limit_train < t->o.random_items ? t->o.limit_train
+                                                                                   : t->o.random_items;
+        if ((st = dt_dataset_subset_init(t->base_train, 0, ntr, &t->train)) < 0 ||
             (st = dt_dataset_subset_init(t->base_train, t->o.random_items, ntest, &t->test)) < 0)
             return dt__tr_fail(1, what);
     } else {

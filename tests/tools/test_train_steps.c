@@ -240,6 +240,18 @@ TEST(betas_eps_and_refusals)
     ASSERT_STR_CONTAINS(r.err, "scheduler.type");
 }
 
+/* --limit-train cuts generated data too, as the help and docs/TRAINING.md say (with --data random it was
+ * ignored: the 64 items trained whatever N was) */
+TEST(limit_train_cuts_random_data)
+{
+    cli_result r;
+    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--limit-train", "16", "--no-eval", NULL}), 0);
+    ASSERT_STR_CONTAINS(r.out, "on random: 16 items, 2 steps/epoch of 8");
+    ASSERT_STR_CONTAINS(r.out, "epoch 1/1 done: 2 steps");
+    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--limit-train", "100", "--no-eval", NULL}), 0); /* more: all 64 */
+    ASSERT_STR_CONTAINS(r.out, "on random: 64 items, 8 steps/epoch of 8");
+}
+
 int main(void)
 {
     RUN(max_steps_sets_the_run_past_epochs);
@@ -247,6 +259,7 @@ int main(void)
     RUN(warmup_lr_auto_is_the_flag);
     RUN(metrics_continue_across_resumes);
     RUN(betas_eps_and_refusals);
+    RUN(limit_train_cuts_random_data);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;
