@@ -263,7 +263,8 @@ static void usage(FILE *f)
             "context parallelism as ring attention or Ulysses, tensor parallelism with or without sequence\n"
             "parallelism; ZeRO stage 0-3 and hybrid, gradient accumulation or pipeline micro-batches,\n"
             "activation checkpointing, optimizer offload), each with its predicted peak memory per rank and\n"
-            "step time, feasible ones fastest first, then infeasible ones with the reason.\n"
+            "step time, feasible ones fastest first (of those within %.0f%% of the fastest, the simplest first:\n"
+            "DDP before ZeRO before model parallelism), then infeasible ones with the reason.\n"
             "\n"
             "  --world N            ranks (required)\n"
             "  --model M            gpt2 | gpt2-medium | gpt2-large | gpt2-xl | gpt-mini | gpt-micro | llama-tiny |\n"
@@ -280,7 +281,8 @@ static void usage(FILE *f)
             "  --all                the table lists every infeasible layout (default: the first 10)\n"
             "  --calib FILE         the calibration cache file (default: $DT_CACHE_DIR, $XDG_CACHE_HOME/dtrain\n"
             "                       or ~/.cache/dtrain, plan-MODEL-sSEQ-DTYPE.calib)\n"
-            "  --recalibrate        measure again even when the cache has this machine's figures\n");
+            "  --recalibrate        measure again even when the cache has this machine's figures\n",
+            100 * DT_PLAN_SIMPLER_WITHIN);
 }
 
 int dt_cmd_plan(int argc, char **argv)
