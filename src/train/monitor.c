@@ -77,13 +77,18 @@ static dt_status write_all(int fd, const char *path, const void *buf, size_t n)
  * (*exists then says whether the name was taken). */
 static dt_status open_append(const char *path, bool excl, int *fd, bool *exists)
 {
-    *fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | (excl ? O_EXCL : 0), 0644);
+    /* O_NONBLOCK: a FIFO at the name fails at once (ENXIO without a reader) rather than blocking the open for
+       ever; regular files ignore the flag */
+    *fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (excl ? O_EXCL : 0),
+               0644);
     const int e = errno;
     if (exists)
         *exists = *fd < 0 && e == EEXIST;
     if (*fd < 0)
         return dt_error(DT_ERR_IO, "monitor %s: cannot open: %s", path,
-                        e == ELOOP ? "a symbolic link (not followed)" : strerror(e));
+                        e == ELOOP ? "a symbolic link (not followed)"
+                        : e == ENXIO ? "not a regular file (a FIFO or a device)"
+                                     : strerror(e));
     struct stat sb;
     if (fstat(*fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
         close(*fd);

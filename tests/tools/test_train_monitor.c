@@ -170,6 +170,35 @@ TEST(csv_monitor_two_ranks)
     ASSERT(access(path, F_OK) == 0);
 }
 
+/* A FIFO at a CSV file's name: refused at once, exit 2 naming it, the FIFO left (the open for appending blocked
+ * for ever waiting for a reader) */
+TEST(csv_monitor_fifo_refused)
+{
+    cli_result r;
+    char *cfg = cli_path("fifo.json"), *out = cli_path("monfifo");
+    char dir[400], fifo[450];
+    snprintf(dir, sizeof dir, "%s/j", out);
+    snprintf(fifo, sizeof fifo, "%s/Train_Samples_train_loss.csv", dir);
+    ASSERT_EQ_INT(mkdir(out, 0700), 0);
+    ASSERT_EQ_INT(mkdir(dir, 0700), 0);
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
+    FILE *f = fopen(cfg, "w");
+    ASSERT(f);
+    fprintf(f, "{\"train_micro_batch_size_per_gpu\": 4, \"csv_monitor\": {\"enabled\": true, \"output_path\": \"%s\", "
+               "\"job_name\": \"j\"}}", out);
+    fclose(f);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "mlp", "--data", "random", "--random-items", "40", "--limit-test", "8",
+                        "--mlp-dim", "16", "--mlp-hidden", "16", "--threads", "1", "--progress", "none", "--no-eval",
+                        "--max-steps", "3", "--config", cfg, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "Train_Samples_train_loss.csv");
+    ASSERT_STR_CONTAINS(r.err, "not a regular file");
+    struct stat st;
+    ASSERT_EQ_INT(lstat(fifo, &st), 0);
+    ASSERT(S_ISFIFO(st.st_mode));
+}
+
 /* wall_clock_breakdown: DeepSpeed's timing line after every step and its
  * elapsed_time_ms_* tags, backward = backward_inner + backward_allreduce */
 TEST(wall_clock_breakdown)
@@ -235,6 +264,7 @@ int main(void)
     RUN(tensorboard_flag);
     RUN(resume_continues_samples);
     RUN(csv_monitor_two_ranks);
+    RUN(csv_monitor_fifo_refused);
     RUN(one_eval_per_step);
     RUN(wall_clock_breakdown);
     cli_cleanup();
