@@ -16,6 +16,7 @@
  * different size than the header says each get their own message. */
 #include "dtrain/data.h"
 #include "data/idx_internal.h"
+#include "data/mapfile.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -318,9 +319,10 @@ dt_status dt_idx_read_mem(const void *buf, size_t n, const char *name, dt_idx **
 dt_status dt__idx_peek_file(const char *path, dt_idx *hdr)
 {
     memset(hdr, 0, sizeof *hdr);
-    FILE *f = fopen(path, "rb");
+    const char *why = NULL;
+    FILE *f = dt__fopen_regular(path, &why); /* a FIFO: refused, not waited on */
     if (!f)
-        return dt_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        return dt_error(DT_ERR_IO, "cannot open %s: %s", path, why);
     unsigned char in[4096], h[4 + 4 * DT_IDX_MAX_DIMS];
     size_t n = fread(in, 1, sizeof in, f), hn = 0;
     fclose(f);
@@ -356,9 +358,10 @@ dt_status dt_idx_read_file(const char *path, dt_idx **out)
     if (!out || !path)
         return dt_error(DT_ERR_INVALID_ARG, "dt_idx_read_file: NULL argument");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
+    const char *why = NULL;
+    FILE *f = dt__fopen_regular(path, &why); /* a FIFO: refused, not waited on */
     if (!f)
-        return dt_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        return dt_error(DT_ERR_IO, "cannot open %s: %s", path, why);
     dt_status st = DT_OK;
     unsigned char *buf = NULL;
     if (fseek(f, 0, SEEK_END) != 0) {

@@ -207,6 +207,16 @@ TEST(file_errors)
     /* a directory is not a file */
     ASSERT(dt_idx_read_file(dir, &idx) < 0);
     ASSERT_STR_CONTAINS(dt_last_error(), dir);
+    /* nor is a FIFO: refused at once (fopen blocked for ever waiting for a writer), by the reader and by the
+       dataset's header check */
+    snprintf(p, sizeof p, "%s/images.fifo", dir);
+    ASSERT_EQ_INT(mkfifo(p, 0600), 0);
+    ASSERT_STATUS(dt_idx_read_file(p, &idx), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), "not a regular file");
+    dt_dataset *ds = NULL;
+    ASSERT(dt_dataset_idx_open(p, p, &ds) < 0);
+    ASSERT_STR_CONTAINS(dt_last_error(), "not a regular file");
+    unlink(p);
     tu_rmdir(dir);
 }
 
