@@ -67,6 +67,7 @@ typedef struct dt__train_opts {
     bool act_ckpt;            /* activation checkpointing of every GPT2Block */
     const char *plan;         /* NULL | "auto": the planner picks the layout (dt_plan_search) */
     const char *layout_flag;  /* the first layout flag given on the command line ("--tp"), NULL none */
+    const char *fp16_flag;    /* the first fp16 loss-scaling flag given ("--hysteresis"), NULL none */
     int64_t sample_every;     /* print a generated sample every N steps (0 = never) */
     int64_t sample_tokens;    /* its length; 0 when not given (64: dt__train_sample_tokens) */
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */

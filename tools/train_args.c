@@ -214,11 +214,12 @@ static const opt_def opts[] = {
      "all-gather runs among N ranks (the ranks of one machine); N = ranks per machine (DeepSpeed's "
      "zero_hpz_partition_size, FSDP2's reshard_after_forward=N; default 1: off)"},
     {"zero-quant-block", OPT_INT, OFF(zero_quant_block), 1, 1073741824, NULL, "N",
-     "ZeRO++ qwZ: elements per scale of the quantized parameter all-gathers (default 2048)"},
+     "ZeRO++ qwZ (--zero-quantized-weights): elements per scale of the quantized parameter all-gathers (default "
+     "2048)"},
     {"zero-grad-bits", OPT_CHOICE, OFF(zero_grad_bits), 0, 0, "4|8", "BITS",
-     "ZeRO++ qgZ: bits per gradient value on the wire (default 4, DeepSpeed's)"},
+     "ZeRO++ qgZ (--zero-quantized-gradients): bits per gradient value on the wire (default 4, DeepSpeed's)"},
     {"zero-grad-block", OPT_INT, OFF(zero_grad_block), 1, 1073741824, NULL, "N",
-     "ZeRO++ qgZ: elements per scale of the quantized gradients (default 64)"},
+     "ZeRO++ qgZ (--zero-quantized-gradients): elements per scale of the quantized gradients (default 64)"},
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp, GPT and Llama models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
@@ -304,21 +305,23 @@ static const opt_def opts[] = {
      "dtype of the buffers (batch-norm running statistics; FSDP's buffer_dtype), except batch norm's under "
      "--keep-bn-fp32 true (default fp32)"},
     {"loss-scale", OPT_FLOAT, OFF(loss_scale), 0, 1e30, NULL, "X",
-     "loss scale: 0 = dynamic (the default with fp16), X > 0 = static"},
+     "--precision fp16: loss scale: 0 = dynamic (the default), X > 0 = static"},
     {"initial-scale-power", OPT_INT, OFF(initial_scale_power), 0, 127, NULL, "N",
-     "dynamic loss scale: start at 2^N (default 16; --scaler torch: the initial scale too)"},
+     "--precision fp16, dynamic loss scale: start at 2^N (default 16; --scaler torch: the initial scale too)"},
     {"loss-scale-window", OPT_INT, OFF(loss_scale_window), 1, 1e9, NULL, "N",
-     "dynamic loss scale: clean steps in a row before it grows (default 1000 for deepspeed, 2000 for torch)"},
+     "--precision fp16, dynamic loss scale: clean steps in a row before it grows (default 1000 for deepspeed, 2000 "
+     "for torch)"},
     {"hysteresis", OPT_INT, OFF(hysteresis), 1, 1e6, NULL, "N",
-     "dynamic loss scale (deepspeed): overflows absorbed before it halves (default 2)"},
+     "--precision fp16, dynamic loss scale (deepspeed): overflows absorbed before it halves (default 2)"},
     {"min-loss-scale", OPT_FLOAT, OFF(min_loss_scale), 1e-30, 1e30, NULL, "X",
-     "dynamic loss scale: floor; an overflow there stops the run with an error (default 1)"},
+     "--precision fp16, dynamic loss scale: floor; an overflow there stops the run with an error (default 1)"},
     {"config", OPT_STR, OFF(config), 0, 0, NULL, "FILE",
      "a DeepSpeed-style JSON config (ds_config.json: batch sizes, fp16/bf16, zero_optimization, optimizer, "
      "scheduler, activation_checkpointing, pipeline, ...; # comments allowed); flags given here override its keys, "
      "AIAK_* environment variables override both (docs/GUIDE.md)"},
     {"scaler", OPT_CHOICE, OFF(scaler), 0, 0, "deepspeed|torch", "RULE",
-     "dynamic loss scaling rule: DeepSpeed's (hysteresis) or torch GradScaler's (default deepspeed)"},
+     "--precision fp16: the dynamic loss scaling rule: DeepSpeed's (hysteresis) or torch GradScaler's (default "
+     "deepspeed)"},
 };
 #undef OFF
 
@@ -652,6 +655,11 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         for (size_t k = 0; k < sizeof layout / sizeof layout[0] && !o->layout_flag; k++)
             if (!strcmp(d->name, layout[k]))
                 o->layout_flag = layout[k];
+        static const char *const fp16[] = {"loss-scale", "initial-scale-power", "loss-scale-window", "hysteresis",
+                                           "min-loss-scale", "scaler"};
+        for (size_t k = 0; k < sizeof fp16 / sizeof fp16[0] && !o->fp16_flag; k++)
+            if (!strcmp(d->name, fp16[k]))
+                o->fp16_flag = fp16[k];
     }
     if (o->betas) { /* "B1,B2", each in [0, 1) (torch's betas) */
         char *e1 = NULL, *e2 = NULL;
@@ -792,6 +800,25 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->eps >= 0 && !strcmp(o->optimizer, "lion")) {
         dt__cli_err("dtrain train: --eps applies to --optimizer adam, adamw and lamb (lion divides by nothing)\n");
+        return 2;
+    }
+    /* Flags of a feature not chosen: refused, as they were ignored. With --config they are the file's keys (fp16.*,
+       zero_optimization.*), which DeepSpeed takes and leaves unused as well. */
+    if (o->fp16_flag && !o->config && strcmp(o->precision, "fp16")) {
+        dt__cli_err("dtrain train: --%s applies to --precision fp16 (loss scaling; the precision is %s)\n",
+                    o->fp16_flag, o->precision);
+        return 2;
+    }
+    if (!o->config && ((o->zero_quant_block > 0 && !o->zero_qw) ||
+                       ((o->zero_grad_bits || o->zero_grad_block > 0) && !o->zero_qg))) {
+        const bool qw = o->zero_quant_block > 0 && !o->zero_qw;
+        dt__cli_err("dtrain train: %s applies to %s (ZeRO++ %s)\n",
+                    qw ? "--zero-quant-block" : o->zero_grad_bits ? "--zero-grad-bits" : "--zero-grad-block",
+                    qw ? "--zero-quantized-weights" : "--zero-quantized-gradients", qw ? "qwZ" : "qgZ");
+        return 2;
+    }
+    if (o->hf_shard_size && !o->save_hf) {
+        dt__cli_err("dtrain train: --hf-shard-size applies to --save-hf DIR (the Hugging Face export's shards)\n");
         return 2;
     }
     /* (with --config they become scheduler.params keys, which its scheduler's type checks) */

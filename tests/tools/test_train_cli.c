@@ -63,6 +63,19 @@ TEST(bad_flags)
                    "--sample-tokens", "--sample-every"));
     ASSERT(expect2((char *[]){"train", "--model", "convnet", "--random-items", "10", NULL}, "--random-items",
                    "--limit-train"));
+    /* fp16's loss scaling, ZeRO++'s blocks and bits, the Hugging Face shards without their feature: refused (they
+     * were ignored) */
+    ASSERT(expect2((char *[]){"train", "--hysteresis", "3", NULL}, "--hysteresis applies to --precision fp16",
+                   "the precision is fp32"));
+    ASSERT(expect2((char *[]){"train", "--scaler", "torch", "--precision", "fp32", NULL}, "--scaler", "fp16"));
+    ASSERT(expect2((char *[]){"train", "--initial-scale-power", "8", NULL}, "--initial-scale-power", "fp16"));
+    ASSERT(expect2((char *[]){"train", "--loss-scale", "128", NULL}, "--loss-scale", "fp16"));
+    ASSERT(expect2((char *[]){"train", "--zero", "3", "--zero-quant-block", "128", NULL}, "--zero-quant-block",
+                   "--zero-quantized-weights"));
+    ASSERT(expect2((char *[]){"train", "--zero", "3", "--zero-quantized-weights", "--zero-grad-bits", "8", NULL},
+                   "--zero-grad-bits", "--zero-quantized-gradients"));
+    ASSERT(expect2((char *[]){"train", "--zero-grad-block", "128", NULL}, "--zero-grad-block", NULL));
+    ASSERT(expect2((char *[]){"train", "--hf-shard-size", "1000", NULL}, "--hf-shard-size", "--save-hf"));
     /* a sequence past the block size names --seq (it said '--model: gpt2: sequence length ...'); a model the
      * flags do not build still names --model */
     ASSERT(expect2((char *[]){"train", "--model", "gpt-micro", "--data", "tokens:" DT_SOURCE_DIR
