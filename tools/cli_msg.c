@@ -125,6 +125,15 @@ const char *dt__cli_suggest(const char *given, const char *const *names, size_t 
     return best;
 }
 
+bool dt__cli_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!a || !b)
+        return false;
+    return !strcmp(a, b) ||
+           (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
+}
+
 int dt__cli_out_file(const char *who, const char *flag, const char *path)
 {
     struct stat st;

@@ -99,6 +99,9 @@ void dt__cli_err_capture(char *buf, size_t n);
  * non-regular file, in a directory that exists. 0, or 2 after one line
  * "who: flag PATH: why" (tools/cli_msg.c). */
 int dt__cli_out_file(const char *who, const char *flag, const char *path);
+/* Whether a and b name one file: the same string, or both exist and are the
+ * same inode (an output that would replace an input: refuse it). */
+bool dt__cli_same_file(const char *a, const char *b);
 /* Where execvp would find prog as an executable file (a name with a '/' as
  * it is, else along PATH; a directory or a file without execute permission
  * does not count): 0 and its path in out (outn bytes; out may be NULL), or

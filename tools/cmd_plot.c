@@ -141,6 +141,11 @@ int dt_cmd_plot(int argc, char **argv)
     }
     if (dt__cli_out_file("dtrain plot", out_flag, out))
         return 2;
+    for (int k = 0; k < nin; k++)
+        if (dt__cli_same_file(out, ins[k])) { /* the image would replace the run's metrics */
+            dt__cli_err("dtrain plot: %s %s is also an input: give another file name\n", out_flag, out);
+            return 2;
+        }
     dt__metrics_points pts[DT_PLOT_MAX_FILES];
     for (int k = 0; k < nin; k++) {
         int rc = read_metrics(ins[k], &pts[k]);

@@ -93,17 +93,6 @@ static char *read_all(const char *path, size_t *n)
     return buf;
 }
 
-/* Whether a and b name one file: the same string, or both exist and are
- * the same inode. */
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    if (!a || !b)
-        return false;
-    return !strcmp(a, b) ||
-           (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
-}
-
 /* The vocabulary in use: dtrain's BPE or a tokenizer.json. */
 typedef struct vocab_src {
     dt_bpe *bpe;
@@ -326,7 +315,7 @@ int dt_cmd_tokenize(int argc, char **argv)
     const char *const outs[] = {out, val_out};
     for (int o = 0; o < 2; o++)
         for (int k = 0; k < 5 - (o == 0); k++)
-            if (same_file(outs[o], ins[k])) {
+            if (dt__cli_same_file(outs[o], ins[k])) {
                 dt__cli_err("dtrain tokenize: %s %s is also %s: give another file name\n", o ? "--val-out" : "-o",
                             outs[o], k == 4 ? "-o" : k == 0 ? "the input" : k == 1 ? "--decode's file"
                                                           : k == 2 ? "--vocab" : "--tokenizer");

@@ -244,6 +244,10 @@ int dt__trace_plot(int argc, char **argv)
     }
     if (dt__cli_out_file("dtrain trace plot", out_flag, out))
         return 2;
+    if (dt__cli_same_file(out, in)) { /* the image would replace the trace */
+        dt__cli_err("dtrain trace plot: %s %s is also the trace: give another file name\n", out_flag, out);
+        return 2;
+    }
     size_t n = 0;
     char *txt = NULL;
     dt_status rst = dt_file_read_all(in, (size_t)1 << 32, &txt, &n); /* a regular file, not through a symlink */

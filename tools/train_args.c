@@ -686,6 +686,35 @@ static bool lm_text_spec(const char *d)
 
 static bool lm_data_spec(const char *d) { return (!strncmp(d, "tokens:", 7) && d[7]) || lm_text_spec(d); }
 
+/* Whether path is one of the files the run reads: a file of the --data or --val-data spec (the comma-separated
+ * names after "tokens:", "text:", "npy:", ...; key=value parts skipped), --config, --tokenizer, --vocab, --init-from
+ * or --resume. The input's flag in *what. */
+static bool names_an_input(const dt__train_opts *o, const char *path, const char **what)
+{
+    const char *const specs[] = {o->data, o->val_data}, *const spec_flags[] = {"a --data file", "a --val-data file"};
+    for (int s = 0; s < 2; s++) {
+        const char *c = specs[s] ? strchr(specs[s], ':') : NULL;
+        char buf[4096];
+        if (!c || snprintf(buf, sizeof buf, "%s", c + 1) >= (int)sizeof buf)
+            continue;
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+            if (!strchr(t, '=') && dt__cli_same_file(path, t)) {
+                *what = spec_flags[s];
+                return true;
+            }
+    }
+    const char *const files[] = {o->config, o->tokenizer, o->vocab, o->init_from,
+                                 o->resume && strcmp(o->resume, "auto") ? o->resume : NULL};
+    static const char *const flags[] = {"--config", "--tokenizer", "--vocab", "--init-from", "--resume"};
+    for (int k = 0; k < 5; k++)
+        if (dt__cli_same_file(path, files[k])) {
+            *what = flags[k];
+            return true;
+        }
+    return false;
+}
+
 int dt__train_check(dt__train_opts *o)
 {
     /* Cross-field checks. */
@@ -882,6 +911,11 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->resume && o->init_from) {
         dt__cli_err("dtrain train: --resume and --init-from exclude each other (a checkpoint has its weights)\n");
+        return 2;
+    }
+    const char *input;
+    if (o->metrics && names_an_input(o, o->metrics, &input)) { /* the rename at the end would replace it */
+        dt__cli_err("dtrain train: --metrics %s is also %s: give another file name\n", o->metrics, input);
         return 2;
     }
     if (o->metrics && !strcmp(o->metrics, "-")) {

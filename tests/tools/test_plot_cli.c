@@ -97,6 +97,25 @@ TEST(usage_errors)
     cli_runv(&r, 30, NULL, (char *[]){"plot", "/nonexistent/m.jsonl", "-o", "/tmp/x.png", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "/nonexistent/m.jsonl: No such file or directory");
+    /* the output over an input: refused before anything is written (the image replaced the run's metrics) */
+    char in2[600];
+    snprintf(in2, sizeof in2, "%s", tmpfile_("same.jsonl", good));
+    cli_runv(&r, 30, NULL, (char *[]){"plot", in2, "-o", in2, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is also an input");
+    ASSERT_EQ_INT(cli_lines(r.err), 1);
+    char back[600];
+    snprintf(back, sizeof back, "%s", in2);
+    snprintf(in2, sizeof in2, "%s", tmpfile_("same.png", good)); /* the default output, the input's .png, is it */
+    cli_runv(&r, 30, NULL, (char *[]){"plot", in2, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is also an input");
+    FILE *keep = fopen(back, "r");
+    ASSERT(keep != NULL);
+    char first[16] = "";
+    ASSERT(fgets(first, sizeof first, keep) != NULL);
+    fclose(keep);
+    ASSERT(!strncmp(first, good, strlen(first)));
     /* a FIFO or a directory: refused, not opened (the FIFO's open blocked for ever waiting for a writer) */
     char fifo[600];
     snprintf(fifo, sizeof fifo, "%s/m.fifo", cli_tmpdir());

@@ -349,6 +349,8 @@ TEST(bad_arguments_exit_2)
         {{"trace", "plot", dir, NULL}, "not a regular file"},
         /* a FIFO: refused, not opened (the open blocked for ever waiting for a writer) */
         {{"trace", "plot", fifo, NULL}, "not a regular file"},
+        /* the image over the trace itself */
+        {{"trace", "plot", empty, "-o", empty, NULL}, "is also the trace"},
         {{"trace", "summary", fifo, NULL}, "not a regular file"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

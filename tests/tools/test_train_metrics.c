@@ -300,6 +300,32 @@ TEST(non_regular_file_refused_at_start)
     unlink(fifo), unlink(dev), rmdir(dir);
 }
 
+/* --metrics naming a file the run reads (its data, its config): refused at the start, the file kept (the rename at
+ * the end replaced the training data with the metrics) */
+TEST(metrics_over_an_input_refused)
+{
+    char data[600], cfg[600];
+    snprintf(data, sizeof data, "%s/in.npy", cli_tmpdir());
+    snprintf(cfg, sizeof cfg, "%s/in.json", cli_tmpdir());
+    write_text(data, "not really npy\n");
+    write_text(cfg, "{\"train_micro_batch_size_per_gpu\": 2}\n");
+    char spec[620];
+    snprintf(spec, sizeof spec, "npy:%s,test=0.5", data);
+    cli_result r;
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "mlp", "--data", spec, "--metrics", data, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is also a --data file");
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "mlp", "--data", "random", "--random-items", "4", "--limit-test", "2",
+                        "--config", cfg, "--metrics", cfg, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is also --config");
+    ASSERT(read_text(data));
+    ASSERT_STR_EQ(g_text, "not really npy\n");
+    ASSERT(read_text(cfg));
+    ASSERT_STR_EQ(g_text, "{\"train_micro_batch_size_per_gpu\": 2}\n");
+}
+
 /* The samples/s of the progress lines leaves evaluation out, as the step
  * records and the epoch line do: with an evaluation after every step that
  * costs more than the step, both figures still agree (they were 3x apart
@@ -341,6 +367,7 @@ int main(void)
     RUN(failed_run_keeps_older_file);
     RUN(symlinks_not_followed);
     RUN(non_regular_file_refused_at_start);
+    RUN(metrics_over_an_input_refused);
     RUN(throughput_excludes_evaluation);
     int rc = TEST_REPORT();
     cli_cleanup();
