@@ -122,6 +122,17 @@ dt_status dt_trace_open(const dt_trace_params *p, int rank, int world)
                         p->dir);
     if (strlen(p->dir) >= sizeof T.dir - 32)
         return dt_error(DT_ERR_INVALID_ARG, "trace directory '%s': path too long", p->dir);
+    /* the files written at the end (this rank's, the merged one on rank 0): refused now, not after the run, when
+       they name what a rename must not replace (a FIFO, a device, a directory, a symlink) */
+    for (int k = 0; k < (rank == 0 ? 2 : 1); k++) {
+        char f[sizeof T.dir + 32];
+        if (k == 0)
+            snprintf(f, sizeof f, "%s/rank-%d.json", p->dir, rank);
+        else
+            snprintf(f, sizeof f, "%s/trace.json", p->dir);
+        if (dt_file_check_target(f) < 0)
+            return dt_error_wrap(DT_ERR_INVALID_ARG, "trace");
+    }
     if (dt_trace_is_open())
         return dt_error(DT_ERR_STATE, "dt_trace_open: a tracer is already open in this process");
     ev *ring = calloc(p->capacity, sizeof *ring);

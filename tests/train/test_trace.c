@@ -366,6 +366,23 @@ TEST(bad_parameters)
     ASSERT_STATUS(dt_trace_open(&tp, 0, 1), DT_ERR_INVALID_ARG);
     tp.dir = dir;
     ASSERT_STATUS(dt_trace_open(&tp, 2, 2), DT_ERR_INVALID_ARG);
+    /* a FIFO where this rank's file or (rank 0) the merged trace will go: refused at the open, not after the run
+       (the rename at the end would replace it) */
+    char fifo[460];
+    snprintf(fifo, sizeof fifo, "%s/trace.json", dir);
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
+    ASSERT_STATUS(dt_trace_open(&tp, 0, 2), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "a FIFO");
+    ASSERT(!dt_trace_is_open());
+    ASSERT_OK(dt_trace_open(&tp, 1, 2)); /* rank 1 writes rank-1.json only */
+    ASSERT_OK(dt_trace_close());
+    unlink(fifo);
+    snprintf(fifo, sizeof fifo, "%s/rank-1.json", dir);
+    unlink(fifo);
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
+    ASSERT_STATUS(dt_trace_open(&tp, 1, 2), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "rank-1.json");
+    unlink(fifo);
     tp.capacity = 0;
     ASSERT_STATUS(dt_trace_open(&tp, 0, 1), DT_ERR_INVALID_ARG);
     ASSERT(!dt_trace_is_open());
