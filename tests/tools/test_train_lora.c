@@ -308,6 +308,28 @@ TEST(save_lora_symlink_refused)
     ASSERT(!file_exists(f));
 }
 
+/* A FIFO (or anything but a regular file) where one of the adapter files will go: refused before training, exit
+ * 2, the FIFO left (it was refused only after training, and before d8fa154 the rename replaced it) */
+TEST(save_lora_fifo_refused)
+{
+    const char *dir = cli_path("lora_fifo_dir");
+    ASSERT(mkdir(dir, 0755) == 0);
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", dir);
+    ASSERT_EQ_INT(mkfifo(f, 0600), 0);
+    char *run[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "1", "--progress", "plain", "--save-lora",
+                   (char *)dir, NULL};
+    cli_result r;
+    cli_runv(&r, 120, NULL, run);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--save-lora");
+    ASSERT_STR_CONTAINS(r.err, "a FIFO");
+    ASSERT(!strstr(r.out, "step 1/"));
+    struct stat st;
+    ASSERT_EQ_INT(lstat(f, &st), 0);
+    ASSERT(S_ISFIFO(st.st_mode));
+}
+
 int main(void)
 {
     make_tokens();
@@ -317,6 +339,7 @@ int main(void)
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
     RUN(save_lora_symlink_refused);
+    RUN(save_lora_fifo_refused);
     cli_cleanup();
     return TEST_REPORT();
 }
