@@ -369,8 +369,8 @@ DT_API dt_status dt_file_open(const char *path, int mode, dt_file **out);
 /* Write all n bytes (retries short writes and EINTR). */
 DT_API dt_status dt_file_write(dt_file *f, const void *data, size_t n);
 /* fsync, rename the temporary to the final path (refusing a symlink or
- * other non-regular file that appeared there), fsync the directory. The fd stays open for writing; a
- * second commit is a no-op. */
+ * other non-regular file that appeared there), fsync the directory. The fd
+ * stays open for writing; a second commit is a no-op. */
 DT_API dt_status dt_file_commit(dt_file *f);
 /* Close the fd; an uncommitted file's temporary is removed (the final path
  * is left as it was). NULL is a no-op. Returns a close error of a

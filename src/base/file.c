@@ -9,9 +9,9 @@
  * message rather than silently replaced: whoever made it meant something by
  * it; so is anything else there that is not a regular file (a device such
  * as /dev/null, a FIFO, a socket, a directory), which the rename would
- * replace. Same directory = same filesystem, so the rename is atomic; the file is
- * fsynced before it and the directory after it, so after a crash the name
- * holds the old file or the whole new one. */
+ * replace. Same directory = same filesystem, so the rename is atomic; the
+ * file is fsynced before it and the directory after it, so after a crash
+ * the name holds the old file or the whole new one. */
 #include "dtrain/base.h"
 
 #include <errno.h>
