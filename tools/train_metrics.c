@@ -26,6 +26,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -68,6 +69,23 @@ static dt_status slurp(const char *path, char **buf, size_t *n)
     *buf = b;
     *n = got;
     return DT_OK;
+}
+
+/* Whether another live run writes PATH.partial: each run holds an exclusive flock on the file it writes, so a
+ * shared one that cannot be had means a run that would lose its records (its file replaced now, ours renamed over
+ * its at the end). Taken without blocking; anything but a regular file is left to dt_file's refusal. */
+static dt_status check_not_in_use(const char *partial, const char *path)
+{
+    int fd = open(partial, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return DT_OK;
+    struct stat st;
+    dt_status s = DT_OK;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+        s = dt_error(DT_ERR_STATE, "--metrics %s: another run is writing it now (%s is locked); give each run its "
+                                   "own file", path, partial);
+    close(fd);
+    return s;
 }
 
 /* The records of buf to keep when resuming at step: every JSON-object line
@@ -119,8 +137,12 @@ dt_status dt__metrics_open(dt__metrics *m, const char *path, int64_t resume_step
     dt_status s = dt_file_check_target(path);
     if (s < 0)
         dt_error_wrap(s, "--metrics");
+    else if ((s = check_not_in_use(m->partial, path)) < 0)
+        ;
     else if ((s = dt_file_open(m->partial, 0644, &m->f)) < 0)
         dt_error_wrap(s, "--metrics %s", path);
+    else if (flock(dt_file_fd(m->f), LOCK_EX | LOCK_NB) != 0) /* a fresh file: only a race with another start */
+        s = dt_error(DT_ERR_STATE, "--metrics %s: another run is writing it now; give each run its own file", path);
     if (s == DT_OK && resume_step >= 0) { /* continue the newer of PATH.partial and PATH */
         struct stat sp, sf;
         bool hp = lstat(m->partial, &sp) == 0, hf = lstat(path, &sf) == 0;
@@ -269,6 +291,14 @@ dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, in
             snprintf(extra + k, sizeof extra - k, ",\"comm_steps\":%.0f", me->comm_steps);
         st = dt__metrics_write(m, "\"event\":\"end\",\"status\":\"%s\",\"step\":%lld,\"exit_code\":%d%s",
                                status, (long long)step, exit_code, extra);
+        /* PATH.partial still ours? (a run that did not lock, or started in the same instant, may have replaced
+           it): never rename another run's file over PATH */
+        struct stat mine, now;
+        if (st == DT_OK && !strcmp(status, "ok") &&
+            (fstat(dt_file_fd(m->f), &mine) != 0 || lstat(m->partial, &now) != 0 || mine.st_dev != now.st_dev ||
+             mine.st_ino != now.st_ino))
+            st = dt_error(DT_ERR_STATE, "--metrics: %s was replaced by another process while this run wrote it: "
+                                        "this run's records are lost and %s is left as it was", m->partial, m->path);
         dt_status cs = dt_file_close(m->f);
         m->f = NULL;
         if (st == DT_OK)

@@ -300,6 +300,42 @@ TEST(non_regular_file_refused_at_start)
     unlink(fifo), unlink(dev), rmdir(dir);
 }
 
+/* Two runs given one --metrics file: the second is refused at the start (exit 2, naming the file) while the first
+ * runs, and the first's records stay whole (the second replaced its FILE.partial, and the first's rename at the end
+ * then moved the second's records over FILE) */
+TEST(second_run_on_one_metrics_file_refused)
+{
+    char m[600], part[620];
+    snprintf(m, sizeof m, "%s/two.jsonl", cli_tmpdir());
+    snprintf(part, sizeof part, "%s.partial", m);
+    remove(part);
+    pid_t pid = start_run(m, "400", 0);
+    ASSERT(pid > 0);
+    int seen = wait_first_step(part);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "mlp", "--batch", "2", "--random-items", "4", "--limit-test", "2",
+                        "--progress", "none", "--metrics", m, NULL});
+    dt_test_kill(pid, SIGTERM);
+    int status;
+    dt_test_waitpid(pid, &status, 0);
+    ASSERT(seen);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "another run is writing it");
+    ASSERT_STR_CONTAINS(r.err, m);
+    ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 130);
+    ASSERT(read_text(part));
+    ASSERT_STR_CONTAINS(g_text, "\"train_items\":400"); /* the first run's records, whole */
+    ASSERT_STR_CONTAINS(g_text, "\"status\":\"interrupted\"");
+    /* and once it has ended, the file is free again */
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "mlp", "--batch", "2", "--random-items", "4", "--limit-test", "2",
+                        "--progress", "none", "--metrics", m, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(read_text(m));
+    ASSERT_STR_CONTAINS(g_text, "\"status\":\"ok\"");
+}
+
 /* --metrics naming a file the run reads (its data, its config): refused at the start, the file kept (the rename at
  * the end replaced the training data with the metrics) */
 TEST(metrics_over_an_input_refused)
@@ -368,6 +404,7 @@ int main(void)
     RUN(symlinks_not_followed);
     RUN(non_regular_file_refused_at_start);
     RUN(metrics_over_an_input_refused);
+    RUN(second_run_on_one_metrics_file_refused);
     RUN(throughput_excludes_evaluation);
     int rc = TEST_REPORT();
     cli_cleanup();
