@@ -309,7 +309,7 @@ TEST(second_run_on_one_metrics_file_refused)
     snprintf(m, sizeof m, "%s/two.jsonl", cli_tmpdir());
     snprintf(part, sizeof part, "%s.partial", m);
     remove(part);
-    pid_t pid = start_run(m, "400", 0);
+    pid_t pid = start_run(m, "4000", 0); /* 2000 steps: still running when the second one starts, however slow */
     ASSERT(pid > 0);
     int seen = wait_first_step(part);
     cli_result r;
@@ -325,7 +325,7 @@ TEST(second_run_on_one_metrics_file_refused)
     ASSERT_STR_CONTAINS(r.err, m);
     ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 130);
     ASSERT(read_text(part));
-    ASSERT_STR_CONTAINS(g_text, "\"train_items\":400"); /* the first run's records, whole */
+    ASSERT_STR_CONTAINS(g_text, "\"train_items\":4000"); /* the first run's records, whole */
     ASSERT_STR_CONTAINS(g_text, "\"status\":\"interrupted\"");
     /* and once it has ended, the file is free again */
     cli_runv(&r, 120, NULL,
