@@ -53,7 +53,10 @@ static void usage(FILE *f)
                "                        keeps. An id past the vocabulary is an error (exit 2), never\n"
                "                        another token\n");
     fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
-               "  --temperature X       0 = greedy (default 1)\n"
+               "  --temperature X       0 = greedy (default 1); the sampling options below (--top-h to\n"
+               "                        --eta-cutoff, --sample-seed) are refused then, as they would be\n"
+               "                        ignored (transformers warns); so are --length-penalty and\n"
+               "                        --early-stopping without beams\n"
                "  --top-h H             Top-H: of the 100 most likely, keep the most likely first while\n"
                "                        their -p log p sum stays within H times the entropy (top_h;\n"
                "                        default 0 = off)\n"
@@ -303,7 +306,7 @@ int dt_cmd_generate(int argc, char **argv)
     bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
          pen_given = false, minnew_given = false, ngram_given = false, beams_given = false, lenpen_given = false,
          early_given = false, minp_given = false, typp_given = false, eps_given = false, eta_given = false,
-         toph_given = false, stream = false;
+         toph_given = false, sseed_given = false, stream = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -340,6 +343,7 @@ int dt_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--sample-seed")) {
             if (dt_parse_uint(a, v, 0, UINT64_MAX, &gp.seed) < 0)
                 return bad();
+            sseed_given = true;
         } else if (!strcmp(a, "--max-new-tokens")) {
             if (dt_parse_int(a, v, 0, 1000000, &gp.max_new_tokens) < 0)
                 return bad();
@@ -587,14 +591,6 @@ int dt_cmd_generate(int argc, char **argv)
                         (long long)prompt[i], (long long)i, (long long)desc.input_classes);
             goto done;
         }
-    const char *from = ckpt ? ckpt : weights ? weights : !strncmp(model, "hf:", 3) ? model + 3 : NULL;
-    bool adapters = false;
-    if ((from || lora_from) && load(m, from, lora_from, &adapters) < 0) { /* hf:DIR: its own unless told others */
-        dt__cli_err("dtrain generate: %s: %s\n", adapters ? "--lora-from" : ckpt ? "--ckpt"
-                    : weights ? "--weights" : "--model", dt_last_error());
-        rc = dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
-        goto done;
-    }
     if (!strncmp(model, "hf:", 3)) { /* the directory's generation settings where no option overrides them */
         dt_generate_params hg = gp;
         char ignored[512];
@@ -642,6 +638,30 @@ int dt_cmd_generate(int argc, char **argv)
                         "top-k, top-p, min-p, typical-p, the epsilon and eta cutoffs, stop tokens and beam "
                         "search)\n",
                         model + 3, ignored);
+    }
+    /* Options of a decoding mode not chosen: refused, as they were ignored (transformers warns and ignores them) */
+    const char *samp = toph_given ? "--top-h" : topk_given ? "--top-k" : topp_given ? "--top-p"
+                       : minp_given ? "--min-p" : typp_given ? "--typical-p" : eps_given ? "--epsilon-cutoff"
+                       : eta_given  ? "--eta-cutoff" : sseed_given ? "--sample-seed" : NULL;
+    if (samp && gp.temperature == 0) {
+        dt__cli_err("dtrain generate: %s applies to sampling, and this run decodes %s (%s): give --temperature X "
+                    "> 0 to sample\n", samp, gp.num_beams > 1 ? "by beam search" : "greedily",
+                    temp_given ? "--temperature 0" : "the model's generation_config.json: do_sample false or absent");
+        goto done;
+    }
+    if ((lenpen_given || early_given) && gp.num_beams == 1) {
+        dt__cli_err("dtrain generate: %s applies to beam search (--num-beams N > 1%s)\n",
+                    lenpen_given ? "--length-penalty" : "--early-stopping",
+                    beams_given ? "" : "; this run decodes one sequence");
+        goto done;
+    }
+    const char *from = ckpt ? ckpt : weights ? weights : !strncmp(model, "hf:", 3) ? model + 3 : NULL;
+    bool adapters = false;
+    if ((from || lora_from) && load(m, from, lora_from, &adapters) < 0) { /* hf:DIR: its own unless told others */
+        dt__cli_err("dtrain generate: %s: %s\n", adapters ? "--lora-from" : ckpt ? "--ckpt"
+                    : weights ? "--weights" : "--model", dt_last_error());
+        rc = dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
+        goto done;
     }
     int64_t n = 0, total = np + gp.max_new_tokens;
     out = malloc((size_t)total * sizeof *out);

@@ -113,6 +113,37 @@ TEST(vocab_size_from_vocab_and_kept_in_ckpt)
     cli_runv(&r2, 60, NULL, (char *[]){"generate", "--ckpt", save_dir, "--prompt", "abc", "--seed", "1", NULL});
     ASSERT_EQ_INT(r2.code, 2);
     ASSERT_STR_CONTAINS(r2.err, "--sample-seed");
+    /* so would the sampling filters under greedy or beam search, and the beam options with one sequence (transformers
+       warns and ignores them): refused, naming the flag and the mode */
+    struct {
+        char *flags[8];
+        const char *says;
+    } ignored[] = {
+        {{"--temperature", "0", "--top-k", "40", NULL}, "--top-k applies to sampling, and this run decodes greedily"},
+        {{"--temperature", "0", "--sample-seed", "3", NULL}, "--sample-seed applies to sampling"},
+        {{"--temperature", "0", "--num-beams", "2", "--top-p", "0.9", NULL}, "decodes by beam search"},
+        {{"--length-penalty", "2", NULL}, "--length-penalty applies to beam search"},
+        {{"--num-beams", "1", "--early-stopping", "true", NULL}, "--early-stopping applies to beam search"},
+    };
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        char *args[16] = {"generate", "--ckpt", save_dir, "--prompt", "abc", "--max-new-tokens", "2"};
+        int n = 7;
+        for (int k = 0; ignored[i].flags[k]; k++)
+            args[n++] = ignored[i].flags[k];
+        args[n] = NULL;
+        cli_runv(&r2, 60, NULL, args);
+        ASSERT_EQ_INT(r2.code, 2);
+        ASSERT_STR_CONTAINS(r2.err, ignored[i].says);
+    }
+    /* where they apply, they run */
+    cli_runv(&r2, 60, NULL,
+             (char *[]){"generate", "--ckpt", save_dir, "--prompt", "abc", "--max-new-tokens", "2", "--top-k", "40",
+                        "--sample-seed", "3", NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    cli_runv(&r2, 60, NULL,
+             (char *[]){"generate", "--ckpt", save_dir, "--prompt", "abc", "--max-new-tokens", "2", "--temperature",
+                        "0", "--num-beams", "2", "--length-penalty", "2", "--early-stopping", "true", NULL});
+    ASSERT_EQ_INT(r2.code, 0);
 }
 
 /* Item 5 with a token file only (no --vocab, no --vocab-size): the ids
