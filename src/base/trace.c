@@ -17,6 +17,7 @@
 #include "dtrain/trace.h"
 
 #include "base/sbuf.h"
+#include "base/trace_impl.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -108,6 +109,14 @@ static double now_us(void) { return (double)dt_time_ns() * 1e-3; }
 
 bool dt_trace_is_open(void) { return atomic_load_explicit(&g_open, memory_order_acquire) != 0; }
 
+void dt__trace_file(char *buf, size_t n, const char *dir, int rank)
+{
+    if (rank >= 0)
+        snprintf(buf, n, "%s/rank-%d.json", dir, rank);
+    else
+        snprintf(buf, n, "%s/trace.json", dir);
+}
+
 dt_status dt_trace_open(const dt_trace_params *p, int rank, int world)
 {
     if (!p || !p->dir || !p->dir[0])
@@ -124,15 +133,15 @@ dt_status dt_trace_open(const dt_trace_params *p, int rank, int world)
         return dt_error(DT_ERR_INVALID_ARG, "trace directory '%s': path too long", p->dir);
     /* the files written at the end (this rank's, the merged one on rank 0): refused now, not after the run, when
        they name what a rename must not replace (a FIFO, a device, a directory, a symlink) */
-    for (int k = 0; k < (rank == 0 ? 2 : 1); k++) {
-        char f[sizeof T.dir + 32];
-        if (k == 0)
-            snprintf(f, sizeof f, "%s/rank-%d.json", p->dir, rank);
-        else
-            snprintf(f, sizeof f, "%s/trace.json", p->dir);
-        if (dt_file_check_target(f) < 0)
-            return dt_error_wrap(DT_ERR_INVALID_ARG, "trace");
+    char f[sizeof T.dir + 32];
+    dt__trace_file(f, sizeof f, p->dir, rank);
+    dt_status fst = dt_file_check_target(f);
+    if (fst >= 0 && rank == 0) {
+        dt__trace_file(f, sizeof f, p->dir, -1);
+        fst = dt_file_check_target(f);
     }
+    if (fst < 0)
+        return dt_error_wrap(DT_ERR_INVALID_ARG, "trace");
     if (dt_trace_is_open())
         return dt_error(DT_ERR_STATE, "dt_trace_open: a tracer is already open in this process");
     ev *ring = calloc(p->capacity, sizeof *ring);
@@ -496,7 +505,7 @@ static dt_status write_file(void)
         return dt_error(DT_ERR_NO_MEMORY, "trace: the text of %zu events", k);
     }
     char path[4200];
-    snprintf(path, sizeof path, "%s/rank-%d.json", T.dir, T.rank);
+    dt__trace_file(path, sizeof path, T.dir, T.rank);
     dt_status st = dt_file_write_atomic(path, b.p, b.n, 0644);
     free(b.p);
     return st < 0 ? dt_error_wrap(st, "trace: writing %s", path) : DT_OK;

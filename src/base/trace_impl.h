@@ -9,6 +9,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* The files of a trace directory: DIR/rank-R.json, rank R's timeline (rank >= 0), or DIR/trace.json, the
+ * merged one (rank < 0), into buf (capacity n). */
+void dt__trace_file(char *buf, size_t n, const char *dir, int rank);
 /* Read and parse a trace file (strict JSON, an object with a "traceEvents"
  * array; not through a symlink) into *out (cJSON_Delete it). */
 dt_status dt__trace_read(const char *path, cJSON **out);

@@ -156,7 +156,7 @@ dt_status dt_trace_merge(const char *dir, int world, const char *out)
     double tmin = 1e300;
     for (int r = 0; r < world && st >= 0; r++) {
         char path[4200];
-        snprintf(path, sizeof path, "%s/rank-%d.json", dir, r);
+        dt__trace_file(path, sizeof path, dir, r);
         cJSON *j;
         if ((st = dt__trace_read(path, &j)) < 0)
             break;
@@ -225,7 +225,7 @@ dt_status dt_trace_merge(const char *dir, int world, const char *out)
         char *txt = cJSON_PrintUnformatted(all);
         char path[4200];
         if (!out)
-            snprintf(path, sizeof path, "%s/trace.json", dir);
+            dt__trace_file(path, sizeof path, dir, -1);
         else
             snprintf(path, sizeof path, "%s", out);
         if (!txt)
