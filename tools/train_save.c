@@ -262,13 +262,8 @@ int dt__tr_setup_save(dt__train_run *t)
                     S_ISLNK(sb.st_mode) ? "a symlink (not followed; give the directory itself)" : "not a directory");
         return 2;
     }
-    static const char *const lora_files[] = {"adapter_config.json", "adapter_model.safetensors"};
-    for (int k = 0; t->o.save_lora && k < 2; k++) { /* the files it will replace: regular ones or none */
-        char f[4200];
-        snprintf(f, sizeof f, "%s/%s", sl, lora_files[k]);
-        if (dt_file_check_target(f) < 0)
-            return dt__tr_fail(2, "--save-lora");
-    }
+    if (t->o.save_lora && dt_lora_save_peft_check(sl) < 0) /* the files it will replace: regular ones or none */
+        return dt__tr_fail(2, "--save-lora");
     if (!t->o.save)
         return 0;
     if (dt_trainer_save_prepare(t->tr, t->o.save) < 0)

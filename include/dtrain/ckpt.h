@@ -473,6 +473,12 @@ DT_API dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, c
 DT_API dt_status dt_lora_save_peft_from(const dt_model *m, const char *src, const dt_lora_params *p,
                                         const char *base_model, const char *dir);
 
+/* Whether dt_lora_save_peft could write its two files in dir: each absent
+ * or a regular file (dt_file_check_target; a FIFO, a device, a directory or
+ * a symlink there is DT_ERR_IO naming it). For a caller that saves at the
+ * end of a run, to refuse such a dir at the start. */
+DT_API dt_status dt_lora_save_peft_check(const char *dir);
+
 /* PEFT's adapter_config.json, read by dt_lora_peft_config_read. */
 typedef struct dt_lora_peft_config {
     dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora; targets = target_names */

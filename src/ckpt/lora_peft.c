@@ -187,6 +187,21 @@ dt_status dt_lora_save_peft_from(const dt_model *m, const char *src, const dt_lo
     return st;
 }
 
+dt_status dt_lora_save_peft_check(const char *dir)
+{
+    if (!dir)
+        return dt_error(DT_ERR_NULL, "dt_lora_save_peft_check: NULL argument");
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
+        dt_status st = dt_file_check_target(path);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
 /* ---- reading PEFT's adapter_config.json --------------------------------------- */
 
 static dt_status bad_key(const char *file, const char *key, const char *why)

@@ -669,6 +669,28 @@ TEST(regex_target_modules)
     free(base);
 }
 
+/* dt_lora_save_peft_check: the two files' names absent or regular files; a FIFO (or a directory) at either is
+ * refused naming it, and left there */
+TEST(save_check)
+{
+    char d[400], f[460];
+    snprintf(d, sizeof d, "%s/check", t_tmpdir("lora_peft"));
+    ASSERT_EQ_INT(mkdir(d, 0755), 0);
+    ASSERT_OK(dt_lora_save_peft_check(d));
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", d);
+    ASSERT_EQ_INT(mkfifo(f, 0600), 0);
+    ASSERT_STATUS(dt_lora_save_peft_check(d), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), "adapter_model.safetensors is a FIFO");
+    struct stat st;
+    ASSERT(lstat(f, &st) == 0 && S_ISFIFO(st.st_mode));
+    unlink(f);
+    snprintf(f, sizeof f, "%s/adapter_config.json", d);
+    ASSERT_EQ_INT(mkdir(f, 0755), 0);
+    ASSERT_STATUS(dt_lora_save_peft_check(d), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), "adapter_config.json is a directory");
+    ASSERT_STATUS(dt_lora_save_peft_check(NULL), DT_ERR_NULL);
+}
+
 int main(void)
 {
     RUN(train_parity);
@@ -678,6 +700,7 @@ int main(void)
     RUN(image_text_adapters);
     RUN(image_text_adapters_refused);
     RUN(regex_target_modules);
+    RUN(save_check);
     t_rm_rf(t_tmpdir("lora_peft"));
     return TEST_REPORT();
 }
