@@ -105,8 +105,9 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
 
 int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
 {
-    if (r->pp <= 1 && r->pg && r->hier && r->world > 1 && dt__ddp_say_hierarchy(r))
-        return 1;
+    int rc;
+    if (r->pp <= 1 && r->pg && r->hier && r->world > 1 && (rc = dt__ddp_say_hierarchy(r)))
+        return rc;
     dt_plan_set_sample(r->plan, r->pp_sample);
     if (dt_plan_strategy(r->plan, m, &r->strategy) < 0)
         return dt__cli_err("dtrain train: %s%s\n", r->pp > 1 ? "--pp: " : "", dt_last_error()), 1;

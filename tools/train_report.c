@@ -13,9 +13,10 @@
 int dt__ddp_say_hierarchy(const dt__ddp_run *r)
 {
     dt_pg_topo t;
-    if (dt_pg_topology(r->pg, &t) < 0) {
+    dt_status st = dt_pg_topology(r->pg, &t);
+    if (st < 0) { /* a bad DT_SIM_LOCAL_SIZE is bad input; a failed exchange is not */
         dt__cli_err("dtrain train: --hierarchical-allreduce: %s\n", dt_last_error());
-        return 1;
+        return st == DT_ERR_INVALID_ARG ? 2 : 1;
     }
     if (r->rank == 0) {
         if (t.nnodes > 1 && t.nnodes < r->world)

@@ -51,6 +51,11 @@ TEST(flag_env_and_errors)
     train("AIAK_HIERARCHICAL_ALLREDUCE=yes", "0", 0);
     ASSERT_EQ_INT(g_r.code, 2);
     ASSERT_STR_CONTAINS(g_r.err, "AIAK_HIERARCHICAL_ALLREDUCE");
+
+    setenv("DT_SIM_LOCAL_SIZE", "abc", 1); /* bad input (exit 2), named; it was exit 1 as a failed run */
+    train(NULL, "0", 1);
+    ASSERT_EQ_INT(g_r.code, 2);
+    ASSERT_STR_CONTAINS(g_r.err, "DT_SIM_LOCAL_SIZE: 'abc' is not an integer");
     unsetenv("DT_SIM_LOCAL_SIZE");
 }
 
