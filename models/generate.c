@@ -350,23 +350,32 @@ typedef struct {
     void *ud;
 } gen_ops;
 
+int64_t dt_generate_positions(const dt_model *m)
+{
+    int64_t P = 0, V = 0, wpe = m ? dt_model_find_entry(m, "transformer.wpe.weight") : -1;
+    dt_param_info pi;
+    if (m && dt_llama_positions(m, &P, &V))
+        return P;
+    return wpe >= 0 && dt_model_entry(m, (size_t)wpe, &pi) == DT_OK ? pi.shape[0] : 0;
+}
+
 /* The arguments' checks; *P, *V: the model's positions and vocabulary. */
 static dt_status check(dt_model *m, const char *who, const dt_generate_params *p, const int64_t *prompt,
                        int64_t nprompt, const int64_t *out, int64_t cap, const int64_t *nout, int64_t *P, int64_t *V)
 {
     if (!m || !prompt || !out || !nout)
         return dt_error(DT_ERR_NULL, "%s: NULL argument", who);
-    int64_t wpe = dt_model_find_entry(m, "transformer.wpe.weight"), wte = dt_model_find_entry(m, "transformer.wte.weight");
+    int64_t wte = dt_model_find_entry(m, "transformer.wte.weight");
     bool llama = dt_llama_positions(m, P, V);
-    if (!llama && (wpe < 0 || wte < 0))
+    *P = dt_generate_positions(m);
+    if (*P <= 0 || (!llama && wte < 0))
         return dt_error(DT_ERR_UNSUPPORTED, "%s: not a GPT-2 or Llama model (no transformer.wpe.weight)", who);
     if (dt_model_is_meta(m))
         return dt_error(DT_ERR_STATE, "%s: the model is meta (no weights)", who);
     if (!llama) {
-        dt_param_info pi, ti;
-        dt_model_entry(m, (size_t)wpe, &pi);
+        dt_param_info ti;
         dt_model_entry(m, (size_t)wte, &ti);
-        *P = pi.shape[0], *V = ti.shape[0];
+        *V = ti.shape[0];
     }
     if (nprompt < 1)
         return dt_error(DT_ERR_INVALID_ARG, "%s: the prompt needs at least one token", who);

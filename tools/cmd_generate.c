@@ -663,7 +663,15 @@ int dt_cmd_generate(int argc, char **argv)
         rc = dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
         goto done;
     }
-    int64_t n = 0, total = np + gp.max_new_tokens;
+    int64_t n = 0, total = np + gp.max_new_tokens, pos = dt_generate_positions(m);
+    if (pos > 0 && np > pos) /* the window moves: said, not silent */
+        dt__cli_err("dtrain generate: note: the prompt's %lld tokens are more than the model's %lld positions: "
+                    "each new token sees the last %lld tokens alone\n", (long long)np, (long long)pos,
+                    (long long)pos);
+    else if (pos > 0 && total > pos)
+        dt__cli_err("dtrain generate: note: the prompt's %lld tokens and up to %lld new ones pass the model's %lld "
+                    "positions: from there on each new token sees the last %lld tokens alone\n", (long long)np,
+                    (long long)gp.max_new_tokens, (long long)pos, (long long)pos);
     out = malloc((size_t)total * sizeof *out);
     if (!out) {
         dt__cli_err("dtrain generate: out of memory\n");

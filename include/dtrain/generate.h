@@ -161,6 +161,12 @@ DT_API dt_generate_params dt_generate_params_default(void);
  * pipeline's stages, on every rank of the pipeline (the same tokens). */
 DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, const int64_t *prompt, int64_t nprompt,
                                    int64_t *out, int64_t cap, int64_t *nout);
+/* The positions of m, a model dt_model_generate takes: a GPT-2 model's
+ * n_positions (its position embedding's rows), a Llama model's
+ * max_position_embeddings; a sequence longer than that is generated with
+ * the window of the last that many tokens moving (each new token sees
+ * those alone). 0 for any other model. */
+DT_API int64_t dt_generate_positions(const dt_model *m);
 
 /* The generation settings of Hugging Face model directory dir, as
  * transformers' generate() takes them: from dir/generation_config.json, or

@@ -158,6 +158,21 @@ TEST(generate_cli)
     cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--prompt-ids", "1,2,3", "--max-new-tokens",
                                       "5", "--temperature", "0", NULL});
     ASSERT_STR_EQ(a.out, b.out);
+    ASSERT(!strstr(a.err, "note"));
+    /* past the model's positions the window moves (each token sees the last block_size): said, not silent */
+    cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--block-size", "8", "--prompt-ids",
+                                      "1,2,3", "--max-new-tokens", "5", "--temperature", "0", NULL});
+    ASSERT_EQ_INT(b.code, 0);
+    ASSERT(!strstr(b.err, "note"));
+    cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--block-size", "8", "--prompt-ids",
+                                      "1,2,3", "--max-new-tokens", "6", "--temperature", "0", NULL});
+    ASSERT_EQ_INT(b.code, 0);
+    ASSERT_STR_CONTAINS(b.err, "note: the prompt's 3 tokens and up to 6 new ones pass the model's 8 positions");
+    cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--block-size", "8", "--prompt-ids",
+                                      "1,2,3,4,5,6,7,8,9", "--max-new-tokens", "2", "--temperature", "0", NULL});
+    ASSERT_EQ_INT(b.code, 0);
+    ASSERT_STR_CONTAINS(b.err, "note: the prompt's 9 tokens are more than the model's 8 positions");
+    ASSERT(!strncmp(b.out, "1 2 3 4 5 6 7 8 9 | ", 20));
     cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--prompt-ids", "1,512", NULL});
     ASSERT_EQ_INT(b.code, 2);
     ASSERT_STR_CONTAINS(b.err, "--prompt-ids: 512 (at 1) is outside the model's vocabulary [0, 512)");
