@@ -14,7 +14,15 @@
  * into a fresh temporary directory beside OUT, then renamed to OUT: the
  * directory appears complete or not at all. With a tokenizer, its
  * tokenizer.json is copied byte for byte and tokenizer_config.json and
- * special_tokens_map.json are written beside it (dt_tokenizer_hf_files). */
+ * special_tokens_map.json are written beside it (dt_tokenizer_hf_files).
+ *
+ * OUT belongs to one writer at a time: dt_hf_save_lock_open makes it (an
+ * empty directory) and holds flock(LOCK_EX) on it, so that a second job
+ * given the same OUT is refused at its start rather than after its
+ * training; dt_hf_save takes the lock itself when its caller holds none.
+ * The kernel drops the lock when the process dies. A rename that fails at
+ * the very end (OUT filled meanwhile by a writer that took no lock) keeps
+ * the complete temporary directory and names it: nothing written is lost. */
 #include "zoo.h"
 
 #include <dtrain/ckpt.h>
@@ -31,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +50,83 @@ dt_hf_save_params dt_hf_save_params_default(void)
 {
     dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32, .lora_scaling = 0.0f};
     return p;
+}
+
+struct dt_hf_save_lock {
+    int fd;
+    char *out;    /* the name without its trailing slashes */
+    bool made;    /* open created the directory */
+};
+
+/* Whether name still leads to the directory fd holds (not a new one made after a rename or rmdir). */
+static bool same_dir(int fd, const char *name)
+{
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && lstat(name, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+dt_status dt_hf_save_lock_open(const char *out, dt_hf_save_lock **lock)
+{
+    if (!out || !lock)
+        return dt_error(DT_ERR_NULL, "dt_hf_save_lock_open: NULL argument");
+    *lock = NULL;
+    char name[TMP_PATH - 16];
+    dt_status st = dt_path_trim_slashes(out, name, sizeof name);
+    if (st < 0 || (st = dt_hf_save_check_out(name)) < 0 || (st = dt_dir_make_parent(name)) < 0)
+        return st;
+    dt_hf_save_lock *l = calloc(1, sizeof *l);
+    if (!l || !(l->out = strdup(name))) {
+        free(l);
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", out);
+    }
+    l->fd = -1;
+    l->made = mkdir(name, 0755) == 0;
+    if (!l->made && errno != EEXIST) {
+        st = dt_error(DT_ERR_IO, "cannot create the output directory %s: %s", out, strerror(errno));
+        goto fail;
+    }
+    if ((l->fd = open(name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+        const int e = errno;
+        st = dt_error(e == ELOOP || e == ENOTDIR ? DT_ERR_INVALID_ARG : DT_ERR_IO, "the output directory %s: %s",
+                      out, e == ELOOP ? "a symlink (not followed; name a new directory)" : strerror(e));
+        goto fail;
+    }
+    int rc;
+    while ((rc = flock(l->fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR)
+        ;
+    if (rc != 0 && errno == EWOULDBLOCK) {
+        l->made = false; /* the holder's, whoever made it */
+        st = dt_error(DT_ERR_STATE, "the output directory %s is being written by another job now (it holds the "
+                      "directory's lock); give each job its own output directory", out);
+        goto fail;
+    }
+    /* any other failure (a file system without flock on directories) leaves OUT unlocked: the checks stand */
+    /* filled or replaced between the check and the lock: another writer was first */
+    if (!same_dir(l->fd, name) || (st = dt_hf_save_check_out(name)) < 0) {
+        if (st >= 0)
+            st = dt_error(DT_ERR_STATE, "the output directory %s was replaced while it was being locked; another "
+                          "job writes there: give each job its own output directory", out);
+        goto fail;
+    }
+    *lock = l;
+    return DT_OK;
+fail:
+    dt_hf_save_lock_close(l);
+    return st;
+}
+
+void dt_hf_save_lock_close(dt_hf_save_lock *l)
+{
+    if (!l)
+        return;
+    /* a directory this lock made and nothing filled: removed (a run that failed before its save leaves no
+       trace), but only while the name still leads to it: never another job's */
+    if (l->made && l->fd >= 0 && same_dir(l->fd, l->out))
+        rmdir(l->out);
+    if (l->fd >= 0)
+        close(l->fd);
+    free(l->out);
+    free(l);
 }
 
 dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_config *out)
@@ -616,12 +702,17 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     if (dt_path_trim_slashes(out, obuf, sizeof obuf) < 0)
         return dt_error_wrap(DT_ERR_INVALID_ARG, "dt_hf_save: the output directory");
     out = obuf;
-    dt_status st = dt_hf_save_check_out(out);
-    if (st < 0)
+    /* out held for this save: the caller's lock, or one of its own (which checks out, and makes its missing
+       parents as save_pretrained's os.makedirs does: the temporary goes beside out) */
+    dt_hf_save_lock *own = NULL;
+    const dt_hf_save_lock *lock = p.lock;
+    dt_status st;
+    if (lock && strcmp(lock->out, out))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: the lock given is on %s, not on %s", lock->out, out);
+    if (lock ? (st = dt_hf_save_check_out(out)) < 0 : (st = dt_hf_save_lock_open(out, &own)) < 0)
         return st;
-    /* out's missing parents are made, as save_pretrained's os.makedirs does: the temporary goes beside out */
-    if ((st = dt_dir_make_parent(out)) < 0)
-        return st;
+    if (!lock)
+        lock = own;
     dt_model *m = NULL;
     dt_ckpt *ck = NULL;
     item *it = NULL;
@@ -713,12 +804,25 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
             (st = write_text(tmp, "special_tokens_map.json", tok_map)) < 0)
             goto out;
     }
-    rmdir(out); /* an empty directory is replaced (dt_hf_save_check_out allowed it) */
-    if ((st = dt_file_rename(tmp, out)) >= 0)
+    /* out is the empty directory locked above (or gone): it is replaced. Anything else there now was put by
+       a writer that took no lock: the complete model stays in tmp, named */
+    struct stat sb;
+    const bool ours = lstat(out, &sb) != 0 || same_dir(lock->fd, out);
+    if (ours)
+        rmdir(out);
+    if (ours && (st = dt_file_rename(tmp, out)) >= 0) {
         tmp[0] = 0;
+    } else {
+        char why[600];
+        snprintf(why, sizeof why, "%s", ours ? dt_last_error() : "it was created meanwhile by another writer");
+        st = dt_error(DT_ERR_IO, "%s: the model is written whole in %s but could not be moved to %s (%s); it is "
+                      "kept there: rename it yourself", out, tmp, out, why);
+        tmp[0] = 0;
+    }
 out:
     if (tmp[0])
         remove_tmp(tmp, nshard);
+    dt_hf_save_lock_close(own);
     cJSON_free(cfg);
     cJSON_free(gen);
     free(gen_src);

@@ -76,8 +76,10 @@ int dt__tr_fail(int code, const char *what)
 
 
 static void cleanup(dt__train_run *t)
-{    if (t->tr && t->failed && t->saved_step < 0)
+{
+    if (t->tr && t->failed && t->saved_step < 0)
         dt_trainer_save_abandon(t->tr); /* a run that failed before it saved leaves no empty --save DIR behind */
+    dt_hf_save_lock_close(t->hf_lock);  /* and no empty --save-hf OUT */
     dt_loader_free(t->train_loader);
     dt_loader_free(t->test_loader);
     dt_sampler_free(t->train_sampler);

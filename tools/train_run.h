@@ -82,6 +82,7 @@ typedef struct {
     double start_s;               /* when the command started (time to the first step) */
     bool first_shown;             /* "first step ..." printed */
     char trace[4096];             /* --trace DIR ("" = off): merged at the end */
+    dt_hf_save_lock *hf_lock;     /* rank 0: --save-hf OUT, held from the start (NULL: none) */
     dt_monitor *monitor;          /* rank 0: --tensorboard / the config's monitors (the trainer writes) */
     bool wall_clock;              /* the config's wall_clock_breakdown: each step's times printed */
     double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */

@@ -209,6 +209,7 @@ int dt__tr_save_outputs(dt__train_run *t)
             char tokp[4200];
             p.tokenizer = save_hf_tokenizer(t, tokp, sizeof tokp);
             p.generation_from = !strncmp(t->o.model, "hf:", 3) ? t->o.model + 3 : NULL; /* its sampling settings */
+            p.lock = t->hf_lock;
             if ((st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
                 st = dt_hf_save(latest, &h, t->o.save_hf, &p);
             if (st < 0)
@@ -252,6 +253,10 @@ int dt__tr_setup_save(dt__train_run *t)
         dt_generate_params g = dt_generate_params_default(); /* the sampling settings the export copies */
         if (!strncmp(t->o.model, "hf:", 3) && dt_hf_generation_config(t->o.model + 3, &g, NULL, 0) < 0)
             return dt__tr_fail(2, "--save-hf");
+        /* OUT held by the rank that writes it: a second job given the same OUT is refused now, not after its
+           training (the end's rename would fail and its model would be lost) */
+        if (dt__ddp_is_main(&t->ddp) && dt_hf_save_lock_open(t->o.save_hf, &t->hf_lock) < 0)
+            return dt__tr_fail(dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2, "--save-hf");
     }
     struct stat sb; /* --save-lora DIR: a symlink (or a file) in the way is bad input now, not after training */
     char sl[4096] = ""; /* (DIR/: lstat of link/ follows the link, so without the trailing slashes) */

@@ -403,6 +403,9 @@ DT_API dt_status dt_hf_config_read(const char *dir, dt_hf_config *out);
  * MLP. */
 DT_API dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_config *out);
 
+/* An output directory held for dt_hf_save (dt_hf_save_lock_open). */
+typedef struct dt_hf_save_lock dt_hf_save_lock;
+
 /* Options of dt_hf_save. */
 typedef struct dt_hf_save_params {
     uint64_t max_shard_bytes; /* a shard's tensor bytes at most (one larger tensor gets a shard of its
@@ -429,6 +432,9 @@ typedef struct dt_hf_save_params {
                                     read first as dt_hf_generation_config reads it (generate.h; its
                                     errors name the file and the key). A directory without one, or NULL
                                     (default): the one made from h */
+    const dt_hf_save_lock *lock; /* out's lock, held by the caller since before out was checked
+                                    (dt_hf_save_lock_open: a training run takes it at its start); NULL
+                                    (default): dt_hf_save takes it for the length of the save */
 } dt_hf_save_params;
 DT_API dt_hf_save_params dt_hf_save_params_default(void);
 /* Write the Hugging Face model directory `out` (config.json from h,
@@ -439,9 +445,12 @@ DT_API dt_hf_save_params dt_hf_save_params_default(void);
  * head left out, as save_pretrained does), so
  * AutoModelForCausalLM.from_pretrained(out) finds no missing or unexpected
  * key; with p->tokenizer, the tokenizer files too. out must not exist or be
- * an empty directory (dt_hf_save_check_out);
+ * an empty directory (dt_hf_save_check_out), and is locked for the save
+ * (dt_hf_save_lock_open) unless p->lock holds it already;
  * everything is written into a temporary directory beside it and renamed:
- * out appears complete or not at all. Errors: a tensor src lacks or holds
+ * out appears complete or not at all (a rename that fails, out filled
+ * meanwhile by a writer that took no lock, leaves the complete temporary
+ * directory, named in the error). Errors: a tensor src lacks or holds
  * in another shape (DT_ERR_NOT_FOUND / DT_ERR_SHAPE, naming it), I/O. p
  * NULL: defaults. */
 DT_API dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, const dt_hf_save_params *p);
@@ -449,6 +458,18 @@ DT_API dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *
  * empty directory; else DT_ERR_INVALID_ARG naming it (a file, a symlink, a
  * directory with something in it). */
 DT_API dt_status dt_hf_save_check_out(const char *out);
+/* Hold out for a dt_hf_save to come, so that a second writer given the
+ * same out is refused now, not when it saves: out is checked as
+ * dt_hf_save_check_out does, made (with its missing parents) when it does
+ * not exist, and locked (flock) until dt_hf_save_lock_close or the
+ * process's end. DT_ERR_STATE when another process holds it; a file system
+ * without flock on directories leaves it unlocked (the checks stand).
+ * Pass the lock to dt_hf_save in dt_hf_save_params.lock. */
+DT_API dt_status dt_hf_save_lock_open(const char *out, dt_hf_save_lock **lock);
+/* Let go of out; when the lock made it and it is still the empty directory
+ * locked, it is removed (a run that failed before it saved leaves nothing).
+ * NULL: nothing. */
+DT_API void dt_hf_save_lock_close(dt_hf_save_lock *lock);
 /* True when model name is "hf:DIR" and DIR/tokenizer.json is a regular
  * file; its path is then in path[0, n). The tokenizer a run from DIR writes
  * with dt_hf_save when not told another. */

@@ -87,9 +87,12 @@ DT_API dt_trace_params dt_trace_params_default(void);
  * 1 <= A < B. */
 DT_API dt_status dt_trace_parse_steps(const char *s, dt_trace_params *p);
 
-/* Start recording for this process (rank of world). DT_ERR_STATE when a
- * tracer is already open, DT_ERR_INVALID_ARG for a bad field (the dir
- * missing or not a directory, capacity 0), DT_ERR_NO_MEMORY. */
+/* Start recording for this process (rank of world). Rank 0 locks the
+ * directory (flock) until dt_trace_close: another job's rank 0 opening it
+ * meanwhile gets DT_ERR_STATE, so two jobs never write one directory's
+ * rank files. DT_ERR_STATE also when a tracer is already open in this
+ * process, DT_ERR_INVALID_ARG for a bad field (the dir missing or not a
+ * directory, capacity 0), DT_ERR_NO_MEMORY. */
 DT_API dt_status dt_trace_open(const dt_trace_params *p, int rank, int world);
 /* True while a tracer is open (whether or not the step is in its window). */
 DT_API bool dt_trace_is_open(void);

@@ -12,13 +12,22 @@
  * Events are complete spans (ph "X": start and duration), recorded at
  * their end, so nothing is kept per open span and the ring may overwrite
  * old events without leaving an unmatched begin. The file lists them per
- * thread in start order (a parent before the children it encloses). */
+ * thread in start order (a parent before the children it encloses).
+ *
+ * A trace directory belongs to one job while it records: rank 0 holds
+ * flock(LOCK_EX) on the directory from open to close, so that a second job
+ * given the same directory is refused at its start instead of replacing
+ * the first's rank files under it (and a merge mixing the two). The kernel
+ * drops the lock when the process dies. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* flock */
 #include "dtrain/trace.h"
 
 #include "base/sbuf.h"
 #include "base/trace_impl.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -26,7 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define NAME_CAP 40
 #define MAX_GROUPS 64
@@ -75,6 +86,7 @@ static struct {
     _Atomic double t_on, t_off;      /* when recording last began / ended (µs) */
     group_ent groups[MAX_GROUPS];
     int ngroups;
+    int lock_fd; /* rank 0: the directory, locked (-1: none) */
 } T;
 
 const char *dt_trace_cat_name(dt_trace_cat c) { return (unsigned)c < DT_TRACE_CAT_COUNT ? cat_names[c] : "other"; }
@@ -144,10 +156,23 @@ dt_status dt_trace_open(const dt_trace_params *p, int rank, int world)
         return dt_error_wrap(DT_ERR_INVALID_ARG, "trace");
     if (dt_trace_is_open())
         return dt_error(DT_ERR_STATE, "dt_trace_open: a tracer is already open in this process");
+    int lock_fd = rank == 0 ? open(p->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+    int rc = -1;
+    while (lock_fd >= 0 && (rc = flock(lock_fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR)
+        ;
+    if (lock_fd >= 0 && rc != 0 && errno == EWOULDBLOCK) {
+        close(lock_fd);
+        return dt_error(DT_ERR_STATE, "trace directory '%s' is being written by another job now (its rank 0 holds "
+                        "the directory's lock); give each job its own trace directory", p->dir);
+    } /* (a file system without flock on directories: unlocked, as before) */
     ev *ring = calloc(p->capacity, sizeof *ring);
-    if (!ring)
+    if (!ring) {
+        if (lock_fd >= 0)
+            close(lock_fd);
         return dt_error(DT_ERR_NO_MEMORY, "dt_trace_open: %zu events", p->capacity);
+    }
     memset(&T, 0, sizeof T); /* (before any writer: g_open is 0) */
+    T.lock_fd = lock_fd;
     T.ring = ring;
     T.cap = p->capacity;
     T.p = *p;
@@ -523,5 +548,8 @@ dt_status dt_trace_close(void)
     free(T.ring);
     T.ring = NULL;
     T.cap = 0;
+    if (T.lock_fd >= 0) /* this rank's file is written: the next job may take the directory */
+        close(T.lock_fd);
+    T.lock_fd = -1;
     return st;
 }

@@ -15,6 +15,7 @@
  * test suite: scripts/check_hf_export.py.) */
 // dt-test-timeout: 300
 #include "dtrain/ckpt.h"
+#include "dtrain/models.h"
 #include "dtrain/tokenizer.h"
 #include "test.h"
 #include "tools/train_cli.h"
@@ -380,6 +381,91 @@ TEST(save_hf_makes_missing_parents)
     ASSERT(file_exists(p));
 }
 
+/* The name of dir's first entry starting with prefix into out ("" when none). */
+static void first_prefix(const char *dir, const char *prefix, char *out, size_t n)
+{
+    DIR *d = opendir(dir);
+    out[0] = 0;
+    for (struct dirent *e; d && !out[0] && (e = readdir(d));)
+        if (!strncmp(e->d_name, prefix, strlen(prefix)))
+            snprintf(out, n, "%s/%s", dir, e->d_name);
+    if (d)
+        closedir(d);
+}
+
+/* OUT belongs to one writer. Two runs given the same --save-hf OUT both passed the start's check (OUT did not
+ * exist yet); the first to finish wrote OUT and the other, after its whole training, failed on "OUT exists and
+ * is not empty" with its model lost. The run now holds OUT (made empty, locked) from its start: a second run or
+ * `ckpt convert --hf` is refused at once (exit 2), a run that fails before it saves leaves no OUT, and a save
+ * whose OUT was replaced meanwhile by a writer that took no lock keeps the complete model beside it, named. */
+TEST(save_hf_one_writer)
+{
+    char *out = cli_path("held_hf");
+    dt_hf_save_lock *l = NULL, *l2 = NULL;
+    ASSERT_OK(dt_hf_save_lock_open(out, &l));
+    ASSERT(file_exists(out));
+    ASSERT_EQ_INT(dt_hf_save_lock_open(out, &l2), DT_ERR_STATE); /* flock is per open file: this process too */
+    ASSERT_STR_CONTAINS(dt_last_error(), "another job");
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
+                        "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "1", "--progress", "plain",
+                        "--save-hf", out, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "another job");
+    ASSERT(!strstr(r.out, "first step done"));
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--model", "hf:" HF "gpt2", "--hf", out, HF "gpt2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "another job");
+    ASSERT_EQ_INT(count_prefix(out, ""), 2); /* . and .. */
+    /* the holder saves */
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "gpt2", &h));
+    dt_hf_save_params p = dt_hf_save_params_default();
+    p.lock = l;
+    ASSERT_OK(dt_hf_save(HF "gpt2", &h, out, &p));
+    dt_hf_save_lock_close(l);
+    char f[700];
+    snprintf(f, sizeof f, "%s/model.safetensors", out);
+    ASSERT(file_exists(f));
+    ASSERT_EQ_INT(count_prefix(cli_tmpdir(), "held_hf."), 0);
+    /* a lock on another directory is not this save's */
+    char *other = cli_path("other_hf"), *gone = cli_path("gone_hf");
+    ASSERT_OK(dt_hf_save_lock_open(other, &l));
+    p.lock = l;
+    ASSERT_EQ_INT(dt_hf_save(HF "gpt2", &h, gone, &p), DT_ERR_INVALID_ARG);
+    ASSERT(!file_exists(gone));
+    /* made by the lock, nothing saved: removed when let go */
+    dt_hf_save_lock_close(l);
+    ASSERT(!file_exists(other));
+    /* a run that fails before it saves leaves no OUT */
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
+                        "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "1", "--progress", "none",
+                        "--init-from", cli_path("no_such_ckpt"), "--save-hf", gone, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(!file_exists(gone));
+    /* OUT replaced while held (a writer that took no lock made it anew): the model is kept beside it, named,
+       and the other's OUT is left alone */
+    char *raced = cli_path("raced_hf"), tmp[700];
+    ASSERT_OK(dt_hf_save_lock_open(raced, &l));
+    ASSERT_EQ_INT(rmdir(raced), 0);
+    ASSERT_EQ_INT(mkdir(raced, 0755), 0);
+    p.lock = l;
+    ASSERT_EQ_INT(dt_hf_save(HF "gpt2", &h, raced, &p), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), "kept there");
+    first_prefix(cli_tmpdir(), "raced_hf.tmp-", tmp, sizeof tmp);
+    ASSERT(tmp[0]);
+    ASSERT_STR_CONTAINS(dt_last_error(), tmp);
+    snprintf(f, sizeof f, "%s/model.safetensors", tmp);
+    ASSERT(file_exists(f));
+    snprintf(f, sizeof f, "%s/config.json", tmp);
+    ASSERT(file_exists(f));
+    dt_hf_save_lock_close(l);
+    ASSERT(file_exists(raced));
+    ASSERT_EQ_INT(count_prefix(raced, ""), 2);
+}
+
 int main(void)
 {
     RUN(train_save_hf_llama);
@@ -388,6 +474,7 @@ int main(void)
     RUN(special_tokens_kept);
     RUN(generation_config_kept);
     RUN(save_hf_makes_missing_parents);
+    RUN(save_hf_one_writer);
     cli_cleanup();
     return TEST_REPORT();
 }

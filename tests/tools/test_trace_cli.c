@@ -16,6 +16,9 @@
 #include "test.h"
 #include "tools/train_cli.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+
 static char tokens[320];
 
 static char *cli(void) { return getenv("DT_CLI"); }
@@ -277,6 +280,28 @@ TEST(summary_and_plot)
     ASSERT_STR_CONTAINS(r.err, "no step 99");
 }
 
+/* Two jobs given one --trace DIR: the second replaced the first's rank files under it (and a merge could mix
+ * the two). The first's rank 0 holds the directory while it records: the second is refused at its start (exit 2),
+ * before any step, naming the directory. (A lock this test takes stands for the first job's.) */
+TEST(trace_dir_of_another_job_exit_2)
+{
+    static cli_result r;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/held", cli_tmpdir());
+    ASSERT_EQ_INT(mkdir(dir, 0755), 0);
+    int held = open(dir, O_RDONLY | O_DIRECTORY);
+    ASSERT(held >= 0 && flock(held, LOCK_EX | LOCK_NB) == 0);
+    char *a[] = {"train", "--model", "mlp", "--random-items", "16", "--max-steps", "2", "--trace", dir,
+                 "--trace-steps", "1:2", "--progress", "plain", NULL};
+    cli_runv(&r, 60, NULL, a);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "another job");
+    ASSERT(!strstr(r.out, "first step done"));
+    close(held);
+    cli_runv(&r, 60, NULL, a);
+    ASSERT_EQ_INT(r.code, 0);
+}
+
 TEST(bad_steps_exit_2)
 {
     static cli_result r;
@@ -400,6 +425,7 @@ int main(void)
     RUN(zero3);
     RUN(pipeline_1f1b);
     RUN(summary_and_plot);
+    RUN(trace_dir_of_another_job_exit_2);
     RUN(bad_steps_exit_2);
     RUN(window_past_the_run_is_said);
     RUN(bad_arguments_exit_2);

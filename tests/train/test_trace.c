@@ -13,11 +13,14 @@
 #include "test.h"
 #include "tmp_util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -383,6 +386,22 @@ TEST(bad_parameters)
     ASSERT_STATUS(dt_trace_open(&tp, 1, 2), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "rank-1.json");
     unlink(fifo);
+    /* rank 0 holds the directory while it records: another job's rank 0 is refused (flock is per open file:
+       a lock this test takes stands for that job), a rank other than 0 takes no lock */
+    int held = open(dir, O_RDONLY | O_DIRECTORY);
+    ASSERT(held >= 0 && flock(held, LOCK_EX | LOCK_NB) == 0);
+    ASSERT_STATUS(dt_trace_open(&tp, 0, 2), DT_ERR_STATE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "another job");
+    ASSERT(!dt_trace_is_open());
+    ASSERT_OK(dt_trace_open(&tp, 1, 2));
+    ASSERT_OK(dt_trace_close());
+    close(held);
+    ASSERT_OK(dt_trace_open(&tp, 0, 2));
+    held = open(dir, O_RDONLY | O_DIRECTORY);
+    ASSERT(held >= 0 && flock(held, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK); /* held while open */
+    ASSERT_OK(dt_trace_close());
+    ASSERT(flock(held, LOCK_EX | LOCK_NB) == 0); /* and let go at the close */
+    close(held);
     tp.capacity = 0;
     ASSERT_STATUS(dt_trace_open(&tp, 0, 1), DT_ERR_INVALID_ARG);
     ASSERT(!dt_trace_is_open());
