@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -111,7 +112,8 @@ static void usage(FILE *f)
             "                        they continue from the newest complete checkpoint;\n"
             "                        a rank that exits 2 (bad input) is not restarted; a PROGRAM\n"
             "                        that cannot be executed is refused (exit 2) before any starts\n"
-            "  --tee DIR             also write rank r's output to DIR/rank<r>.log\n"
+            "  --tee DIR             also write rank r's output to DIR/rank<r>.log (DIR is this\n"
+            "                        job's while it runs: another job given it is refused)\n"
             "  --grace S             seconds between SIGTERM and SIGKILL when stopping (3)\n"
             "  --master-port P       MASTER_PORT (default: a free port per attempt; 29500 with\n"
             "                        --nnodes)\n"
@@ -520,7 +522,10 @@ static int run_attempt(const run_opts *o, const dt__run_env *env, rank_proc *rk,
  * every new log created (beside its name: dt_file) before any is renamed
  * into place, so a refused --tee (a planted symlink, a directory in the
  * way, an unwritable DIR) leaves the previous job's logs as they were.
- * DIR itself must be a directory, not a symlink. Bad input: exit 2. */
+ * DIR itself must be a directory, not a symlink. The launcher holds
+ * flock(LOCK_EX) on DIR for its life (the kernel drops it when the
+ * launcher ends): a second job given the same DIR is refused instead of
+ * replacing the logs of one still running. Bad input: exit 2. */
 static int open_tee(const run_opts *o, rank_proc *rk)
 {
     for (int r = 0; r < o->nranks; r++)
@@ -539,6 +544,15 @@ static int open_tee(const run_opts *o, rank_proc *rk)
                                         : "not a directory");
         return -1;
     }
+    int lk = open(o->tee_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), rc = -1;
+    while (lk >= 0 && (rc = flock(lk, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR)
+        ;
+    if (lk >= 0 && rc != 0 && errno == EWOULDBLOCK) { /* (no flock on this file system: unlocked) */
+        dt__cli_err("dtrain run: --tee '%s': another job writes its logs there now; give each job its own "
+                    "--tee directory\n", o->tee_dir);
+        close(lk);
+        return -1;
+    } /* lk stays open, and locked, until the launcher ends */
     int r = 0;
     for (; r < o->nranks; r++) {
         char path[4096];

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -447,6 +448,43 @@ TEST(tee_refusal_keeps_previous_logs)
     free(s);
     cli_result_free(&r);
     unlink(ldir);
+    unlink(log0);
+    rmdir(dir);
+}
+
+/* Two jobs given one --tee DIR: the second replaced the logs of the first while it ran. The launcher holds DIR
+ * (flock) for its life: a second job is refused (exit 2) and the first's log stays. (A lock this test takes stands
+ * for the first launcher's.) */
+TEST(tee_dir_of_another_job_refused)
+{
+    char dir[] = "/tmp/dtrain-tee-XXXXXX";
+    ASSERT(mkdtemp(dir));
+    char log0[128];
+    snprintf(log0, sizeof log0, "%s/rank0.log", dir);
+    FILE *f = fopen(log0, "w");
+    ASSERT(f != NULL);
+    fputs("running job\n", f);
+    fclose(f);
+    int held = open(dir, O_RDONLY | O_DIRECTORY);
+    ASSERT(held >= 0 && flock(held, LOCK_EX | LOCK_NB) == 0);
+    const char *args[] = {"-n", "1", "--tee", dir, "--", "sh", "-c", "echo hello from $RANK", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 2);
+    ASSERT_STR_CONTAINS(r.err, "another job");
+    ASSERT(!strstr(r.out, "hello"));
+    char *s = slurp(log0);
+    ASSERT(s);
+    ASSERT_STR_EQ(s, "running job\n");
+    free(s);
+    cli_result_free(&r);
+    close(held);
+    r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    s = slurp(log0);
+    ASSERT(s);
+    ASSERT_STR_CONTAINS(s, "hello from 0");
+    free(s);
+    cli_result_free(&r);
     unlink(log0);
     rmdir(dir);
 }
@@ -881,6 +919,7 @@ int main(int argc, char **argv)
     RUN(tee_writes_one_file_per_rank);
     RUN(tee_refuses_planted_symlink);
     RUN(tee_refusal_keeps_previous_logs);
+    RUN(tee_dir_of_another_job_refused);
     RUN(json_lines_unprefixed);
     RUN(bench_json_parses_through_launcher);
     RUN(sigterm_is_forwarded_to_every_rank);
