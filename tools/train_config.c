@@ -108,9 +108,9 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
             rc = set(c, "dtrain.hybrid_shard", !strcmp(o->fsdp, "hybrid_shard") ? "true" : "false", "fsdp");
     }
     if (!rc && G("precision")) {
-        rc = set(c, "fp16.enabled", !strcmp(o->precision, "fp16") ? "true" : "false", "precision");
+        rc = set(c, "fp16.enabled", o->precision && !strcmp(o->precision, "fp16") ? "true" : "false", "precision");
         if (!rc)
-            rc = set(c, "bf16.enabled", !strcmp(o->precision, "bf16") ? "true" : "false", "precision");
+            rc = set(c, "bf16.enabled", o->precision && !strcmp(o->precision, "bf16") ? "true" : "false", "precision");
     }
     if (!rc && G("reduce-dtype"))
         rc = set_str(c, "communication_data_type", o->reduce_dtype, "reduce-dtype");
@@ -246,6 +246,65 @@ static dt_status resolve_warmup(const dt__train_opts *o, dt_config *c)
     if (st == DT_OK)
         st = dt_config_resolve(c, "scheduler.params.warmup_max_lr", b,
                                lr_auto ? "the optimizer's lr" : "DeepSpeed WarmupLR's");
+    return st;
+}
+
+/* A key that holds "auto" (a Hugging Face Trainer config: the trainer's
+ * arguments fill it) shown with the value this run uses: its flag, or the
+ * default when none was given; why names which. */
+static dt_status show_auto(dt_config *c, const char *key, double v, const char *why)
+{
+    char b[40];
+    snprintf(b, sizeof b, "%.17g", v);
+    return dt_config_is_auto(c, key) ? dt_config_resolve(c, key, b, why) : DT_OK;
+}
+
+/* Every "auto" key the command resolves itself, filled with what the run
+ * will use, so that the effective configuration lists it (they were left
+ * out of it: a config of "auto"s showed neither the batch sizes, the
+ * clipping, the optimizer's settings nor the precision it had become). The
+ * values are those the trainer takes anyway (its flags, then the defaults
+ * the config's own keys would have had): nothing the run does changes. */
+static dt_status resolve_autos(const dt__train_opts *o, const dt_trainer_params *tp, const dt_config_batch *b,
+                               dt_config *c)
+{
+    const dt_adam_params *ad = tp->optimizer == DT_OPTIM_ADAM ? &tp->adam : &tp->adamw;
+    double b1 = ad->beta1, b2 = ad->beta2, eps = ad->eps, wd = ad->weight_decay;
+    if (tp->optimizer == DT_OPTIM_LAMB)
+        b1 = tp->lamb.beta1, b2 = tp->lamb.beta2, eps = tp->lamb.eps, wd = tp->lamb.weight_decay;
+    else if (tp->optimizer == DT_OPTIM_LION)
+        b1 = tp->lion.beta1, b2 = tp->lion.beta2, eps = 0, wd = tp->lion.weight_decay;
+    else if (tp->optimizer == DT_OPTIM_SGD)
+        eps = 0, wd = tp->sgd.weight_decay;
+    const bool sgd = tp->optimizer == DT_OPTIM_SGD;
+    dt_status st = DT_OK;
+    if (!o->plan) { /* under the planner the batch split is its choice, made later */
+        st = show_auto(c, "train_batch_size", (double)b->train_batch_size, "--batch x --grad-accum x ranks");
+        if (st == DT_OK)
+            st = show_auto(c, "train_micro_batch_size_per_gpu", (double)b->micro_batch, "--batch");
+        if (st == DT_OK)
+            st = show_auto(c, "gradient_accumulation_steps", (double)b->grad_accum,
+                           o->pp > 1 ? "--micro-batches" : "--grad-accum");
+    }
+    if (st == DT_OK)
+        st = show_auto(c, "gradient_clipping", o->clip_grad_norm, "--clip-grad-norm; 0: off");
+    if (st == DT_OK)
+        st = show_auto(c, "optimizer.params.lr", o->lr, "--lr");
+    if (st == DT_OK)
+        st = show_auto(c, "optimizer.params.weight_decay", wd, "--weight-decay");
+    if (st == DT_OK && !sgd && tp->optimizer != DT_OPTIM_LION)
+        st = show_auto(c, "optimizer.params.eps", eps, "--eps");
+    if (st == DT_OK && !sgd && dt_config_is_auto(c, "optimizer.params.betas")) {
+        char v[80];
+        snprintf(v, sizeof v, "[%.17g, %.17g]", b1, b2);
+        st = dt_config_resolve(c, "optimizer.params.betas", v, "--betas");
+    }
+    /* fp16 / bf16 "auto": the precision this run trains in (--precision, or the CPU's under bf16 "auto") */
+    const char *why = o->precision_auto ? "--precision auto: this CPU's" : "--precision";
+    if (st == DT_OK && dt_config_is_auto(c, "fp16.enabled"))
+        st = dt_config_resolve(c, "fp16.enabled", o->precision && !strcmp(o->precision, "fp16") ? "true" : "false", why);
+    if (st == DT_OK && dt_config_is_auto(c, "bf16.enabled"))
+        st = dt_config_resolve(c, "bf16.enabled", o->precision && !strcmp(o->precision, "bf16") ? "true" : "false", why);
     return st;
 }
 
@@ -400,6 +459,8 @@ static int read_back(dt__train_opts *o, dt_config *c)
         o->momentum = 0;
     if (st == DT_OK && dt == DT_BF16 && o->loss_scale >= 0)
         o->loss_scale = -1; /* bf16 from the config: no scaling (DeepSpeed forces scale 1) */
+    if (resolve_autos(o, &tp, &b, c) < 0)
+        return bad();
     return dt__train_check(o);
 }
 

@@ -419,6 +419,62 @@ TEST(batch_relation_and_inference)
     ASSERT(strstr(r.err, "unknown key bfloat16") == NULL);
 }
 
+/* The text after "train loss (last N steps): " in out, or NAN. */
+static double train_loss(const char *out)
+{
+    const char *p = strstr(out, "train loss (last ");
+    p = p ? strstr(p, "): ") : NULL;
+    return p ? atof(p + 3) : NAN;
+}
+
+/* A Hugging Face Trainer config ("auto" for the batch sizes, the clipping, the optimizer's settings and the
+ * precision): each auto key is listed with the value the run uses and where it comes from (they were left out of
+ * the listing), and a config holding those values instead trains to the same loss: the listing is what runs. */
+TEST(hf_trainer_autos_are_listed_as_run)
+{
+    static cli_result r;
+    char p[400];
+    write_cfg("auto.json", "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\", "
+                           "\"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\", "
+                           "\"fp16\": {\"enabled\": \"auto\"}, \"bf16\": {\"enabled\": \"auto\"}, "
+                           "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", "
+                           "\"betas\": \"auto\", \"eps\": \"auto\", \"weight_decay\": \"auto\"}}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--grad-accum", "2", "--lr", "0.01", "--max-steps",
+                                              "3", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    const char *want[] = {
+        "  train_batch_size = 8  (auto: --batch x --grad-accum x ranks)\n",
+        "  gradient_clipping = 0  (auto: --clip-grad-norm; 0: off)\n",
+        "  fp16.enabled = false  (auto: --precision)\n",
+        "  bf16.enabled = false  (auto: --precision)\n",
+        "  optimizer.params.betas = [0.9,0.999]  (auto: --betas)\n",
+        "  optimizer.params.eps = 1e-08  (auto: --eps)\n",
+        "  optimizer.params.weight_decay = 0  (auto: --weight-decay)\n", /* DeepSpeed's FusedAdam default */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        ASSERT_STR_CONTAINS(r.out, want[i]);
+    ASSERT(!strstr(r.out, "optimizer.params.lr = 0.01  (auto")); /* --lr given: the flag's, not auto */
+    ASSERT_STR_CONTAINS(r.out, "optimizer.params.lr = 0.01  (--lr)");
+    const double a = train_loss(r.out);
+    write_cfg("explicit.json", "{\"train_batch_size\": 8, \"gradient_clipping\": 0, \"fp16\": {\"enabled\": "
+                               "false}, \"bf16\": {\"enabled\": false}, \"optimizer\": {\"type\": \"AdamW\", "
+                               "\"params\": {\"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": 0}}}",
+              p, sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--grad-accum", "2", "--lr", "0.01", "--max-steps",
+                                              "3", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(isfinite(a));
+    ASSERT_NEAR(train_loss(r.out), a, 0, 0);
+    /* with the precision left to the CPU (bf16 "auto" alone), the choice is listed */
+    write_cfg("bfauto.json", "{\"bf16\": {\"enabled\": \"auto\"}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "  bf16.enabled = ");
+    ASSERT_STR_CONTAINS(r.out, "  (auto: --precision auto: this CPU's)\n");
+}
+
 TEST(precedence_and_environment)
 {
     static cli_result r;
@@ -461,6 +517,7 @@ int main(void)
     write_data();
     RUN(seed_pasted_unchanged_is_refused_with_line_and_column);
     RUN(batch_relation_and_inference);
+    RUN(hf_trainer_autos_are_listed_as_run);
     RUN(activation_checkpointing_keys);
     RUN(dataloader_drop_last);
     RUN(tensor_parallel_from_the_config);
