@@ -226,8 +226,9 @@ static int batch_flags_into(int argc, char **argv, const dt__train_opts *o, dt_c
  * (dt_trainer_params_apply_config), so that the effective configuration
  * shows them: warmup_num_steps = --warmup (default
  * 0, no warm-up; DeepSpeed's own default 1000 is not taken silently),
- * warmup_type = "log" (DeepSpeed's default), warmup_max_lr = the optimizer's
- * lr for "auto" (as the HF Trainer fills it), DeepSpeed's 1e-3 when left out. */
+ * warmup_type = "log" (DeepSpeed's default), warmup_min_lr = 0 (its
+ * default), warmup_max_lr = the optimizer's lr for "auto" (as the HF
+ * Trainer fills it), DeepSpeed's 1e-3 when left out. */
 static dt_status resolve_warmup(const dt__train_opts *o, dt_config *c)
 {
     const char *type;
@@ -241,6 +242,8 @@ static dt_status resolve_warmup(const dt__train_opts *o, dt_config *c)
         st = dt_config_resolve(c, "scheduler.params.warmup_type", "\"log\"", "DeepSpeed WarmupLR's");
     if (!strcmp(type, "WarmupCosineLR")) /* its rate is the optimizer's lr, times its ratios */
         return st;
+    if (st == DT_OK)
+        st = dt_config_resolve(c, "scheduler.params.warmup_min_lr", "0", "DeepSpeed WarmupLR's");
     bool lr_auto = dt_config_is_auto(c, "scheduler.params.warmup_max_lr");
     snprintf(b, sizeof b, "%.17g", lr_auto ? o->lr : 1e-3);
     if (st == DT_OK)
