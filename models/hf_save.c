@@ -17,7 +17,7 @@
  * special_tokens_map.json are written beside it (dt_tokenizer_hf_files).
  *
  * OUT belongs to one writer at a time: dt_hf_save_lock_open makes it (an
- * empty directory) and holds flock(LOCK_EX) on it, so that a second job
+ * empty directory) and holds it (dt_dir_lock: flock), so that a second job
  * given the same OUT is refused at its start rather than after its
  * training; dt_hf_save takes the lock itself when its caller holds none.
  * The kernel drops the lock when the process dies. A rename that fails at
@@ -39,7 +39,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,22 +84,15 @@ dt_status dt_hf_save_lock_open(const char *out, dt_hf_save_lock **lock)
         st = dt_error(DT_ERR_IO, "cannot create the output directory %s: %s", out, strerror(errno));
         goto fail;
     }
-    if ((l->fd = open(name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
-        const int e = errno;
-        st = dt_error(e == ELOOP || e == ENOTDIR ? DT_ERR_INVALID_ARG : DT_ERR_IO, "the output directory %s: %s",
-                      out, e == ELOOP ? "a symlink (not followed; name a new directory)" : strerror(e));
+    if ((st = dt_dir_lock(name, &l->fd)) < 0) {
+        char why[600];
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        if (st == DT_ERR_STATE)
+            l->made = false; /* the holder's, whoever made it */
+        st = dt_error(st, "the output directory %s%s", why,
+                      st == DT_ERR_STATE ? "; give each job its own output directory" : "");
         goto fail;
     }
-    int rc;
-    while ((rc = flock(l->fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR)
-        ;
-    if (rc != 0 && errno == EWOULDBLOCK) {
-        l->made = false; /* the holder's, whoever made it */
-        st = dt_error(DT_ERR_STATE, "the output directory %s is being written by another job now (it holds the "
-                      "directory's lock); give each job its own output directory", out);
-        goto fail;
-    }
-    /* any other failure (a file system without flock on directories) leaves OUT unlocked: the checks stand */
     /* filled or replaced between the check and the lock: another writer was first */
     if (!same_dir(l->fd, name) || (st = dt_hf_save_check_out(name)) < 0) {
         if (st >= 0)

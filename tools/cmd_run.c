@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -523,7 +522,7 @@ static int run_attempt(const run_opts *o, const dt__run_env *env, rank_proc *rk,
  * into place, so a refused --tee (a planted symlink, a directory in the
  * way, an unwritable DIR) leaves the previous job's logs as they were.
  * DIR itself must be a directory, not a symlink. The launcher holds
- * flock(LOCK_EX) on DIR for its life (the kernel drops it when the
+ * DIR (dt_dir_lock) for its life (the kernel drops it when the
  * launcher ends): a second job given the same DIR is refused instead of
  * replacing the logs of one still running. Bad input: exit 2. */
 static int open_tee(const run_opts *o, rank_proc *rk)
@@ -544,15 +543,12 @@ static int open_tee(const run_opts *o, rank_proc *rk)
                                         : "not a directory");
         return -1;
     }
-    int lk = open(o->tee_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), rc = -1;
-    while (lk >= 0 && (rc = flock(lk, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR)
-        ;
-    if (lk >= 0 && rc != 0 && errno == EWOULDBLOCK) { /* (no flock on this file system: unlocked) */
-        dt__cli_err("dtrain run: --tee '%s': another job writes its logs there now; give each job its own "
-                    "--tee directory\n", o->tee_dir);
-        close(lk);
+    int lk = -1; /* stays open, and DIR locked, until the launcher ends */
+    if (dt_dir_lock(o->tee_dir, &lk) < 0) {
+        dt__cli_err("dtrain run: --tee: %s%s\n", dt_last_error(),
+                    dt_last_status() == DT_ERR_STATE ? "; give each job its own --tee directory" : "");
         return -1;
-    } /* lk stays open, and locked, until the launcher ends */
+    }
     int r = 0;
     for (; r < o->nranks; r++) {
         char path[4096];

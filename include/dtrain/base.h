@@ -423,6 +423,14 @@ DT_API dt_status dt_dir_make(const char *path);
  * last component, its trailing slashes aside; as os.makedirs(dirname)):
  * DT_OK when path has no directory part. */
 DT_API dt_status dt_dir_make_parent(const char *path);
+/* Hold directory dir for this job: open it (never through a symlink) and
+ * take flock(LOCK_EX) on it without waiting; *fd is the descriptor (close
+ * it to let go; the kernel lets go when the process ends, kill -9
+ * included). DT_ERR_STATE when another open file holds it (another job,
+ * or another holder in this process); DT_ERR_INVALID_ARG when dir is a
+ * symlink or not a directory, DT_ERR_IO when it cannot be opened. A file
+ * system without flock on directories: DT_OK, the directory unlocked. */
+DT_API dt_status dt_dir_lock(const char *dir, int *fd);
 
 /* ---- threads ---------------------------------------------------------- */
 /* Compute threads used by kernels (OpenMP). 0 = library default

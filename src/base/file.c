@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -223,6 +224,30 @@ dt_status dt_file_rename(const char *from, const char *to)
     if (rename(from, to) != 0)
         return dt_error(DT_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
     return sync_dir_of(to);
+}
+
+dt_status dt_dir_lock(const char *dir, int *fd)
+{
+    if (!dir || !*dir || !fd)
+        return dt_error(DT_ERR_NULL, "dt_dir_lock: NULL argument");
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (*fd < 0) {
+        const int e = errno;
+        struct stat sb; /* O_NOFOLLOW | O_DIRECTORY on a link to a directory: ENOTDIR (or ELOOP) */
+        const bool link = (e == ELOOP || e == ENOTDIR) && lstat(dir, &sb) == 0 && S_ISLNK(sb.st_mode);
+        return dt_error(e == ELOOP || e == ENOTDIR ? DT_ERR_INVALID_ARG : DT_ERR_IO, "%s: %s", dir,
+                        link ? "a symlink (not followed)" : e == ENOTDIR ? "not a directory" : strerror(e));
+    }
+    int rc;
+    while ((rc = flock(*fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR)
+        ;
+    if (rc != 0 && errno == EWOULDBLOCK) {
+        close(*fd);
+        *fd = -1;
+        return dt_error(DT_ERR_STATE, "%s is being written by another job now (it holds the directory's lock)",
+                        dir);
+    }
+    return DT_OK; /* (any other failure: a file system without flock on directories, left unlocked) */
 }
 
 dt_status dt_dir_make(const char *path)

@@ -20,14 +20,11 @@
  * the first's rank files under it (and a merge mixing the two). The kernel
  * drops the lock when the process dies. */
 #define _POSIX_C_SOURCE 200809L
-#define _DEFAULT_SOURCE /* flock */
 #include "dtrain/trace.h"
 
 #include "base/sbuf.h"
 #include "base/trace_impl.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -35,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -156,15 +152,14 @@ dt_status dt_trace_open(const dt_trace_params *p, int rank, int world)
         return dt_error_wrap(DT_ERR_INVALID_ARG, "trace");
     if (dt_trace_is_open())
         return dt_error(DT_ERR_STATE, "dt_trace_open: a tracer is already open in this process");
-    int lock_fd = rank == 0 ? open(p->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
-    int rc = -1;
-    while (lock_fd >= 0 && (rc = flock(lock_fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR)
-        ;
-    if (lock_fd >= 0 && rc != 0 && errno == EWOULDBLOCK) {
-        close(lock_fd);
-        return dt_error(DT_ERR_STATE, "trace directory '%s' is being written by another job now (its rank 0 holds "
-                        "the directory's lock); give each job its own trace directory", p->dir);
-    } /* (a file system without flock on directories: unlocked, as before) */
+    int lock_fd = -1;
+    dt_status lst = rank == 0 ? dt_dir_lock(p->dir, &lock_fd) : DT_OK;
+    if (lst < 0) {
+        char why[600];
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        return dt_error(lst, "trace directory %s%s", why,
+                        lst == DT_ERR_STATE ? "; give each job its own trace directory" : "");
+    }
     ev *ring = calloc(p->capacity, sizeof *ring);
     if (!ring) {
         if (lock_fd >= 0)

@@ -263,6 +263,34 @@ TEST(path_trim_slashes)
 }
 
 /* dt_dir_make_parent: the missing directories above a path, not the path itself; a symlink among them refused. */
+/* dt_dir_lock: one holder at a time (a second open file, in this process too, is refused with DT_ERR_STATE
+ * and leaves no descriptor), let go at close; a symlink or a file is not a directory to hold. */
+TEST(dir_lock_one_holder)
+{
+    char d[256], l[256], f[256];
+    path_in(d, sizeof d, "lockdir");
+    path_in(l, sizeof l, "lockdir-link");
+    path_in(f, sizeof f, "lockdir-file");
+    ASSERT_EQ_INT(mkdir(d, 0755), 0);
+    ASSERT_EQ_INT(symlink(d, l), 0);
+    int fd = -1, fd2 = 7;
+    ASSERT_OK(dt_dir_lock(d, &fd));
+    ASSERT(fd >= 0);
+    ASSERT_STATUS(dt_dir_lock(d, &fd2), DT_ERR_STATE);
+    ASSERT_EQ_INT(fd2, -1);
+    ASSERT_STR_CONTAINS(dt_last_error(), "another job");
+    ASSERT_STATUS(dt_dir_lock(l, &fd2), DT_ERR_INVALID_ARG); /* not through the link */
+    ASSERT_STR_CONTAINS(dt_last_error(), "symlink");
+    close(fd);
+    ASSERT_OK(dt_dir_lock(d, &fd2));
+    close(fd2);
+    int w = open(f, O_WRONLY | O_CREAT, 0644);
+    ASSERT(w >= 0);
+    close(w);
+    ASSERT_STATUS(dt_dir_lock(f, &fd2), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "not a directory");
+}
+
 TEST(dir_make_parent)
 {
     char p[256], q[256];
@@ -362,6 +390,7 @@ int main(void)
     RUN(rename_and_errors);
     RUN(path_trim_slashes);
     RUN(dir_make_parent);
+    RUN(dir_lock_one_holder);
     RUN(hf_cache_links);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
