@@ -152,8 +152,9 @@ static dt_status ckpt_meta(const dt_ckpt *ck, const char *ckname, const char *ke
 {
     *out = dt_ckpt_meta(ck, key);
     if (!*out)
-        return dt_error(DT_ERR_FORMAT, "checkpoint %s: no \"%s\" metadata (not saved by dt_trainer_save)", ckname,
-                        key);
+        return dt_error(DT_ERR_FORMAT, "checkpoint %s: no \"%s\" metadata (not saved by dt_trainer_save: weights "
+                        "alone, such as a Hugging Face model's, hold no run to resume; start from them with "
+                        "dtrain train --init-from, or --model hf:DIR)", ckname, key);
     return DT_OK;
 }
 

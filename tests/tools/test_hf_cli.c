@@ -186,6 +186,14 @@ TEST(bad_directories)
              "config.json", "describes 'model.layers.0.mlp.gate_proj.weight' as [128,32], but the weights' is [64,32]");
     bad_case("heads", "sed -i 's/\"num_attention_heads\": 4/\"num_attention_heads\": 8/' config.json", "config.json",
              "describes 'model.layers.0.self_attn.q_proj.weight' as [96,32], but the weights' is [48,32]");
+    /* --resume of a model directory (weights alone, no run in them): refused, saying how to start from it */
+    cli_result r;
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "hf:" HF "llama", "--data", "tokens:" HF "tokens.bin", "--seq", "16",
+                        "--no-eval", "--max-steps", "1", "--resume", HF "llama", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "hold no run to resume; start from them with dtrain train --init-from, or --model "
+                               "hf:DIR");
 }
 
 /* The options that shape a model dtrain builds (--n-layer, --vocab-size,
