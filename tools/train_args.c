@@ -567,6 +567,20 @@ static const struct {
     {"pipeline-model-parallel-size", "--pp N"},
     {"gradient-checkpointing", "--activation-checkpointing"},
     {"nproc-per-node", "dtrain run -n N -- dtrain train ... (the launcher starts the ranks)"},
+    {"local-rank", "none is needed: each rank reads LOCAL_RANK from its environment (dtrain run sets it; with "
+                   "DeepSpeed's launcher give --no_local_rank)"},
+    {"data-seed", "--seed N (initialisation and shuffling)"},
+    {"model-name-or-path", "--model hf:DIR"},
+    {"train-file", "--data SPEC (text:FILE, jsonl:FILE, tokens:FILE)"},
+    {"validation-file", "--val-data SPEC"},
+    {"max-seq-length", "--seq T"},
+    {"seq-length", "--seq T"},
+    {"optim", "--optimizer NAME"},
+    {"adam-beta1", "--betas B1,B2"},
+    {"adam-beta2", "--betas B1,B2"},
+    {"adam-epsilon", "--eps X"},
+    {"eval-steps", "--eval-every STEPS"},
+    {"report-to", "--metrics FILE or --tensorboard DIR"},
 };
 
 /* An unknown option: one line naming it, with the nearest known option or
@@ -590,7 +604,9 @@ static int unknown_option(const char *arg, const char *name)
     }
     const char *eq = strchr(arg, '=');
     int alen = eq ? (int)(eq - arg) : (int)strlen(arg);
-    if (hint)
+    if (hint && !strncmp(hint, "none", 4)) /* no option of ours stands for it */
+        dt__cli_err("dtrain train: unknown option '%.*s' (%s; see dtrain train --help)\n", alen, arg, hint);
+    else if (hint)
         dt__cli_err("dtrain train: unknown option '%.*s' (did you mean %s? see dtrain train --help)\n", alen, arg,
                     hint);
     else

@@ -227,6 +227,11 @@ TEST(unknown_options_suggest)
         {"--gradient_accumulation_steps", "did you mean --grad-accum"},
         {"--epoch", "did you mean --epochs"},
         {"--lr-shedule", "did you mean --lr-schedule"},
+        /* DeepSpeed's launcher (and torch.distributed.launch) pass --local_rank=N to the program */
+        {"--local_rank", "(none is needed: each rank reads LOCAL_RANK from its environment"},
+        {"--model_name_or_path", "did you mean --model hf:DIR"},
+        {"--max_seq_length", "did you mean --seq T"},
+        {"--adam_epsilon", "did you mean --eps X"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_result r;
