@@ -13,8 +13,8 @@ int dt_cmd_info(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: dtrain info\n  prints the version, build options, compute library, CPU "
-                   "features, the instruction sets dtrain and oneDNN use and the activation layout\n");
+            printf("usage: dtrain info\n  prints the version, build options, compute library, the CPU's "
+                   "model and features, the instruction sets dtrain and oneDNN use and the activation layout\n");
             return 0;
         }
         dt__cli_err("dtrain info: unexpected argument '%s' (dtrain info takes none)\n", argv[i]);
@@ -38,6 +38,8 @@ int dt_cmd_info(int argc, char **argv)
                wp && sc ? ", " : "", sc ? "GOMP_SPINCOUNT=" : "", sc ? sc : "");
     else
         printf("OpenMP waiting: the runtime's default (spins before sleeping)\n");
+    char model[160];
+    printf("cpu: %s\n", dt_cpu_model_str(model, sizeof model));
     printf("cpu features: %s\n", dt_cpu_features_str(dt_cpu_detect_hw(), feat, sizeof feat));
     dt_cpu_isa_cap cap = dt_cpu_max_isa();
     printf("dtrain isa: %s (DT_MAX_CPU_ISA=%s; features used: %s), conversions %s\n",

@@ -529,6 +529,11 @@ DT_API dt_cpu_isa_cap dt_cpu_max_isa(void);
 DT_API const char *dt_cpu_isa_cap_name(dt_cpu_isa_cap cap);
 /* "avx2 fma f16c ..." into buf; returns buf. */
 DT_API char *dt_cpu_features_str(dt_cpu_features f, char *buf, size_t n);
+/* The CPU as it names itself, with its family, model and stepping and the
+ * CPUs this process may run on: "AMD EPYC (family 26, model 2, stepping 1),
+ * 2 CPUs" (the cpuid brand string, the numbers as lscpu gives them) into
+ * buf; returns buf. "unknown" in place of the name where the CPU gives none. */
+DT_API char *dt_cpu_model_str(char *buf, size_t n);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include "base/cpu_cached.h"
 #include "dtrain/base.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,48 @@ dt_cpu_features dt_cpu_detect_hw(void)
         f.avx512_bf16 = zmm && ((a >> 5) & 1);
 #endif
     return f;
+}
+
+char *dt_cpu_model_str(char *buf, size_t n)
+{
+    if (!buf || !n)
+        return buf;
+    char name[49] = "";
+    int fam = -1, model = -1, step = -1;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned r[12], a, b, c, d;
+    if (__get_cpuid(0x80000000, &a, &b, &c, &d) && a >= 0x80000004) {
+        for (unsigned k = 0; k < 3; k++)
+            __get_cpuid(0x80000002 + k, &r[4 * k], &r[4 * k + 1], &r[4 * k + 2], &r[4 * k + 3]);
+        memcpy(name, r, 48);
+        name[48] = 0;
+    }
+    if (__get_cpuid(1, &a, &b, &c, &d)) { /* the displayed family and model, as the kernel's cpuinfo */
+        fam = (int)((a >> 8) & 0xf), model = (int)((a >> 4) & 0xf), step = (int)(a & 0xf);
+        if (fam == 0xf)
+            fam += (int)((a >> 20) & 0xff);
+        if (fam >= 6)
+            model |= (int)((a >> 16) & 0xf) << 4;
+    }
+#endif
+    const char *p = name; /* the brand string is padded with spaces (and NULs) */
+    while (*p == ' ')
+        p++;
+    size_t len = strlen(p);
+    while (len && p[len - 1] == ' ')
+        len--;
+    int ncpu = 0;
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        ncpu = CPU_COUNT(&set);
+#endif
+    int k = snprintf(buf, n, "%.*s", len ? (int)len : 7, len ? p : "unknown");
+    if (fam >= 0 && k >= 0 && (size_t)k < n)
+        k += snprintf(buf + k, n - (size_t)k, " (family %d, model %d, stepping %d)", fam, model, step);
+    if (ncpu > 0 && k >= 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, ", %d CPU%s", ncpu, ncpu == 1 ? "" : "s");
+    return buf;
 }
 
 /* -1 = not probed yet (cpu_cached.h): dt_cpu_detect()'s avx2 */

@@ -351,6 +351,43 @@ TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
 /* dtrain info says how bf16 products run: with dtrain and oneDNN capped at
  * AVX2 (as on a CPU without AVX512_BF16; dtrain's cap also turns its AMX
  * GEMM off) they widen to f32, the attention's too. */
+/* `dtrain info` names the CPU (the figures a user reports need it): the model name, family, model and stepping
+ * /proc/cpuinfo gives, and the CPUs this process may use. */
+TEST(info_names_the_cpu)
+{
+    cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const char *line = strstr(r.out, "\ncpu: ");
+    ASSERT(line);
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return; /* no /proc here: the line's presence is all there is to check */
+    char l[512], want[600] = "", fam[32] = "", mod[32] = "", step[32] = "";
+    while (fgets(l, sizeof l, f) && !(want[0] && fam[0] && mod[0] && step[0])) {
+        char *v = strchr(l, ':');
+        if (!v)
+            continue;
+        v += v[1] == ' ' ? 2 : 1;
+        v[strcspn(v, "\n")] = 0;
+        if (!strncmp(l, "model name", 10) && !want[0])
+            snprintf(want, sizeof want, "\ncpu: %s (", v);
+        else if (!strncmp(l, "cpu family", 10) && !fam[0])
+            snprintf(fam, sizeof fam, "family %s,", v);
+        else if (!strncmp(l, "model\t", 6) && !mod[0])
+            snprintf(mod, sizeof mod, "model %s,", v);
+        else if (!strncmp(l, "stepping", 8) && !step[0])
+            snprintf(step, sizeof step, "stepping %s)", v);
+    }
+    fclose(f);
+    if (want[0])
+        ASSERT_STR_CONTAINS(r.out, want);
+    if (fam[0] && mod[0] && step[0]) {
+        ASSERT_STR_CONTAINS(line, fam);
+        ASSERT_STR_CONTAINS(line, mod);
+        ASSERT_STR_CONTAINS(line, step);
+    }
+}
+
 TEST(info_bf16_matmul)
 {
     const bool native = dt_k_matmul_native(DT_BF16);
@@ -572,6 +609,7 @@ int main(void)
     RUN(vocab_size_from_token_files);
     RUN(ckpt_commands_take_the_save_directory);
     RUN(convert_full_is_the_state_dict_and_loads_back_in_every_spelling);
+    RUN(info_names_the_cpu);
     RUN(info_bf16_matmul);
     RUN(shared_cpus);
     RUN(memory_report_ddp_tp_interleaved);
