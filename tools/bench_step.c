@@ -85,6 +85,7 @@
  * rank 0 reports (bench/tp_step.sh sets it against one process with N
  * threads). */
 #include "cmd.h"
+#include "train.h"
 
 #include "dtrain/kernels.h"
 #include "dtrain/models.h"
@@ -387,14 +388,15 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
     double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
     int threads = dt_get_num_threads();
-    char omp_wait[96];
+    char omp_wait[96], cpu[160], cpu_q[200]; /* the machine the figures are from */
+    dt__json_quote(dt_cpu_model_str(cpu, sizeof cpu), cpu_q, sizeof cpu_q);
     if (quiet) {
     } else if (json) {
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,\"prepare_ms\":%.3f,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,\"peak_kind\":\"%s\","
                "\"peak_shapes\":%d,\"peak_gemm_gflop\":%.4f,\"peak_gemm_ms\":%.3f,\"step_gemm_ms\":%.3f,\"peak_cpu_gflops_per_core_s\":%.1f,"
-               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\"}\n",
+               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\",\"cpu\":%s}\n",
                name, batch, (long long)seq_out, dt_optim_kind_name(tp.optimizer), precision,
                dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : lm_head ? "fused" : "unfused",
                threads,
@@ -405,7 +407,7 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
                used > 0 ? rate.recorded_seconds * 1e3 : 0.0, cpu_peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
                cpu_pct, params, rss, (double)last_loss,
-               dt__omp_wait_desc(omp_wait, sizeof omp_wait));
+               dt__omp_wait_desc(omp_wait, sizeof omp_wait), cpu_q);
     } else {
         if (tpg)
             printf("tp %d x ", dt_pg_size(tpg));

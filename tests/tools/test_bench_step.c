@@ -275,22 +275,25 @@ TEST(omp_wait_reported)
     setenv("DT_LOADAVG", "1000", 1);
     int rc = run(args, out, sizeof out);
     ASSERT_EQ_INT(rc, 0);
-    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"passive\"}");
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"passive\",\"cpu\":");
     setenv("DT_LOADAVG", "0", 1);
     rc = run(args, out, sizeof out);
     ASSERT_EQ_INT(rc, 0);
-    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"GOMP_SPINCOUNT=10000\"}");
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"GOMP_SPINCOUNT=10000\",\"cpu\":");
     unsetenv("DT_LOADAVG");
     setenv("OMP_WAIT_POLICY", "active", 1);
     rc = run(args, out, sizeof out);
     unsetenv("OMP_WAIT_POLICY");
     ASSERT_EQ_INT(rc, 0);
-    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"active\"}");
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"active\",\"cpu\":");
     setenv("OMP_WAIT_POLICY", "a\"b", 1); /* the user's text, kept valid JSON */
     rc = run(args, out, sizeof out);
     unsetenv("OMP_WAIT_POLICY");
     ASSERT_EQ_INT(rc, 0);
-    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"a?b\"}");
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"a?b\",\"cpu\":");
+    char cpu[160], want[200]; /* and the machine the figures come from (dtrain info's cpu line) */
+    snprintf(want, sizeof want, "\"cpu\":\"%s\"}", dt_cpu_model_str(cpu, sizeof cpu));
+    ASSERT_STR_CONTAINS(out, want);
 }
 
 int main(void)
