@@ -242,8 +242,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
         goto out;
     int64_t ntrain = dt_dataset_length(t->train), ntest = dt_dataset_length(t->test);
     int64_t spe = dt_loader_num_batches(t->train_loader);
-    char data_q[1200], scaler_json[256] = "null", omp_wait[96];
+    char data_q[1200], scaler_json[256] = "null", omp_wait[96], cpu[160], cpu_q[200];
     dt__json_quote(t->o.data, data_q, sizeof data_q);
+    dt__json_quote(dt_cpu_model_str(cpu, sizeof cpu), cpu_q, sizeof cpu_q); /* the machine the figures are from */
     const dt_loss_scaler *ls = dt_trainer_loss_scaler(t->tr);
     if (ls) /* the rule, and the scale the run starts from */
         snprintf(scaler_json, sizeof scaler_json, "{\"rule\":\"%s\",\"dynamic\":%s,\"initial_scale\":%g}",
@@ -255,7 +256,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
                           "\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,\"train_items\":%lld,"
                           "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"batches_per_epoch\":%lld,\"params\":%zu,"
                           "\"precision\":\"%s\",\"reduce_dtype\":\"%s\",\"keep_bn_fp32\":%s,\"loss_scaler\":%s,"
-                          "\"omp_wait\":\"%s\"",
+                          "\"omp_wait\":\"%s\",\"cpu\":%s",
                           t->o.model, data_q, (long long)t->epochs, (long long)t->o.max_steps, (long long)t->o.batch,
                           (long long)t->o.grad_accum, t->ddp.world, t->o.optimizer, t->o.lr,
                           dt_sched_kind_name(t->sched.kind), (long long)t->sched.warmup_steps,
@@ -263,7 +264,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
                           dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)t->spe, (long long)spe,
                           dt_model_param_count(t->model), t->o.precision,
                           t->o.reduce_dtype ? t->o.reduce_dtype : t->o.precision, t->o.keep_bn_fp32,
-                          scaler_json, dt__omp_wait_desc(omp_wait, sizeof omp_wait)) < 0) {
+                          scaler_json, dt__omp_wait_desc(omp_wait, sizeof omp_wait), cpu_q) < 0) {
         rc = dt__tr_fail(1, NULL);
         goto out;
     }

@@ -102,6 +102,9 @@ TEST(finished_run)
     cJSON_Delete(last);
     ASSERT_STR_CONTAINS(g_text, "\"data\":\"random\"");
     ASSERT_STR_CONTAINS(g_text, "\"world_size\":1,");
+    char cpu[160], want[200]; /* the machine the figures are from */
+    snprintf(want, sizeof want, "\"cpu\":\"%s\"", dt_cpu_model_str(cpu, sizeof cpu));
+    ASSERT_STR_CONTAINS(g_text, want);
     ASSERT(!strstr(g_text, "older run"));
 }
 
