@@ -263,7 +263,8 @@ static const opt_def opts[] = {
      "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
      "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; a LoRA run's adapters "
      "are merged into their layers (PEFT's merge_and_unload: W + alpha/r * B A); OUT must not exist "
-     "(or be empty) and is held from the start (made empty and locked: another job given it is refused); with --tokenizer (or hf:DIR holding a tokenizer.json) also tokenizer.json, "
+     "(or be empty) and is held from the start (made empty and locked: another job given it is refused); "
+     "with --tokenizer (or hf:DIR holding a tokenizer.json) also tokenizer.json, "
      "tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them)"},
     {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
      "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "

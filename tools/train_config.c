@@ -108,9 +108,9 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
             rc = set(c, "dtrain.hybrid_shard", !strcmp(o->fsdp, "hybrid_shard") ? "true" : "false", "fsdp");
     }
     if (!rc && G("precision")) {
-        rc = set(c, "fp16.enabled", o->precision && !strcmp(o->precision, "fp16") ? "true" : "false", "precision");
+        rc = set(c, "fp16.enabled", !strcmp(o->precision, "fp16") ? "true" : "false", "precision");
         if (!rc)
-            rc = set(c, "bf16.enabled", o->precision && !strcmp(o->precision, "bf16") ? "true" : "false", "precision");
+            rc = set(c, "bf16.enabled", !strcmp(o->precision, "bf16") ? "true" : "false", "precision");
     }
     if (!rc && G("reduce-dtype"))
         rc = set_str(c, "communication_data_type", o->reduce_dtype, "reduce-dtype");
@@ -304,10 +304,11 @@ static dt_status resolve_autos(const dt__train_opts *o, const dt_trainer_params 
     }
     /* fp16 / bf16 "auto": the precision this run trains in (--precision, or the CPU's under bf16 "auto") */
     const char *why = o->precision_auto ? "--precision auto: this CPU's" : "--precision";
+    const bool f16 = !strcmp(o->precision, "fp16"), bf16 = !strcmp(o->precision, "bf16");
     if (st == DT_OK && dt_config_is_auto(c, "fp16.enabled"))
-        st = dt_config_resolve(c, "fp16.enabled", o->precision && !strcmp(o->precision, "fp16") ? "true" : "false", why);
+        st = dt_config_resolve(c, "fp16.enabled", f16 ? "true" : "false", why);
     if (st == DT_OK && dt_config_is_auto(c, "bf16.enabled"))
-        st = dt_config_resolve(c, "bf16.enabled", o->precision && !strcmp(o->precision, "bf16") ? "true" : "false", why);
+        st = dt_config_resolve(c, "bf16.enabled", bf16 ? "true" : "false", why);
     return st;
 }
 
