@@ -520,9 +520,13 @@ static void read_gpt2(cfg_reader *r, dt_gpt2_config *g)
         unsupported(r, "layer_norm_epsilon", "only 1e-5 is supported");
     if (!get_bool(r, o, "tie_word_embeddings", true))
         unsupported(r, "tie_word_embeddings", "only a tied head (true) is supported for GPT-2");
-    if (!get_bool(r, o, "scale_attn_weights", true) || get_bool(r, o, "scale_attn_by_inverse_layer_idx", false) ||
-        get_bool(r, o, "reorder_and_upcast_attn", false))
-        unsupported(r, "scale_attn_weights", "only the default attention scaling is supported");
+    /* the key named is the one set otherwise (all three were named scale_attn_weights) */
+    if (!get_bool(r, o, "scale_attn_weights", true))
+        unsupported(r, "scale_attn_weights", "only true (scores divided by sqrt(head size)) is supported");
+    if (get_bool(r, o, "scale_attn_by_inverse_layer_idx", false))
+        unsupported(r, "scale_attn_by_inverse_layer_idx", "only false (no per-layer scaling) is supported");
+    if (get_bool(r, o, "reorder_and_upcast_attn", false))
+        unsupported(r, "reorder_and_upcast_attn", "only false is supported");
 }
 
 dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)

@@ -186,6 +186,15 @@ TEST(bad_directories)
              "config.json", "describes 'model.layers.0.mlp.gate_proj.weight' as [128,32], but the weights' is [64,32]");
     bad_case("heads", "sed -i 's/\"num_attention_heads\": 4/\"num_attention_heads\": 8/' config.json", "config.json",
              "describes 'model.layers.0.self_attn.q_proj.weight' as [96,32], but the weights' is [48,32]");
+    /* GPT-2's attention-scaling keys: the refusal names the key set (all three were named scale_attn_weights) */
+    bad_case_of("gpt2", "gpt2_inv_idx", "sed -i 's/\"scale_attn_by_inverse_layer_idx\": false/"
+                "\"scale_attn_by_inverse_layer_idx\": true/' config.json", "config.json",
+                "key \"scale_attn_by_inverse_layer_idx\": only false");
+    bad_case_of("gpt2", "gpt2_upcast", "sed -i 's/\"reorder_and_upcast_attn\": false/"
+                "\"reorder_and_upcast_attn\": true/' config.json", "config.json",
+                "key \"reorder_and_upcast_attn\": only false");
+    bad_case_of("gpt2", "gpt2_unscaled", "sed -i 's/\"scale_attn_weights\": true/\"scale_attn_weights\": false/' "
+                "config.json", "config.json", "key \"scale_attn_weights\": only true");
     /* --resume of a model directory (weights alone, no run in them): refused, saying how to start from it */
     cli_result r;
     cli_runv(&r, 60, NULL,
