@@ -83,6 +83,12 @@ dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m)
     return dt_llama_create(&h->llama, 0, &mc, m, NULL);
 }
 
+static bool ends_with(const char *s, const char *tail)
+{
+    const size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
 /* Every parameter of the model h describes that the weights hold, at the
  * weights' shape: checked on a meta build (no storage), so that sizes in
  * config.json the weights do not have (intermediate_size 2^22 over 64,
@@ -112,6 +118,35 @@ static dt_status check_shapes(dt_ckpt *ck, const char *dir, const dt_hf_config *
             st = dt_error(DT_ERR_MISMATCH, "%s/%s describes '%s' as %s, but the weights' is %s (a size in the "
                           "file disagrees with the weights)", dir, CONFIG_NAME, pi.name, a, b);
         }
+    }
+    /* Tensors of the weights the model has no place for are left unread, as transformers leaves its
+       "unexpected keys" (with a warning): said, never silent. Not counted: the buffers older exporters saved
+       (GPT-2's attn.bias and attn.masked_bias, rotary_emb.inv_freq), which transformers ignores quietly, and a
+       tied head (checked equal to the embedding) */
+    size_t unused = 0;
+    const char *first = NULL;
+    for (size_t i = 0, n = dt_ckpt_num_tensors(ck); st >= 0 && i < n; i++) {
+        dt_ckpt_tensor t;
+        char full[600];
+        if (dt_ckpt_tensor_at(ck, i, &t) < 0)
+            continue;
+        snprintf(full, sizeof full, "transformer.%s", t.name); /* a GPT-2 base model's names */
+        const bool quiet = ends_with(t.name, ".attn.bias") || ends_with(t.name, ".attn.masked_bias") ||
+                           ends_with(t.name, ".rotary_emb.inv_freq") ||
+                           (!strcmp(t.name, "lm_head.weight") && (h->is_gpt2 || h->llama.tie_word_embeddings));
+        if (!quiet && dt_model_find_entry(m, t.name) < 0 && (!h->is_gpt2 || dt_model_find_entry(m, full) < 0)) {
+            if (!unused++)
+                first = t.name;
+        }
+    }
+    static char warned[4200]; /* once per directory and process: a run builds its model more than once (the
+                                 memory check's meta build, the model itself) */
+    if (st >= 0 && unused && strcmp(warned, dir)) {
+        snprintf(warned, sizeof warned, "%s", dir);
+        dt_log(DT_LOG_WARN, "%s: %zu tensor%s of the weights %s no parameter of the %s that %s/%s describes and "
+               "%s not used (the first: '%s'; transformers leaves them out too, with a warning)", dir, unused,
+               unused == 1 ? "" : "s", unused == 1 ? "is" : "are", h->architecture, dir, CONFIG_NAME,
+               unused == 1 ? "is" : "are", first);
     }
     dt_model_free(m);
     return st;

@@ -556,14 +556,27 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
     const cJSON *archs = item(root, "architectures");
     const char *arch = cJSON_IsArray(archs) && cJSON_IsString(archs->child) ? archs->child->valuestring : NULL;
     const char *mt = get_str(&r, root, "model_type", NULL);
+    /* the model type's causal LM: the class transformers' AutoModelForCausalLM builds (NULL: a type dtrain does
+       not know) */
+    const char *mt_arch = !mt ? NULL : !strcmp(mt, "llama") ? "LlamaForCausalLM"
+                          : !strcmp(mt, "mistral") ? "MistralForCausalLM"
+                          : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
+                          : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "gemma2") ? "Gemma2ForCausalLM"
+                          : !strcmp(mt, "gemma3_text") ? "Gemma3ForCausalLM"
+                          : !strcmp(mt, "gemma3") ? "Gemma3ForConditionalGeneration"
+                          : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
+                          : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
+                          : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : NULL;
     if (!arch && mt) /* no architectures: the model type's causal LM */
-        arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
-             : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
-             : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "gemma2") ? "Gemma2ForCausalLM"
-             : !strcmp(mt, "gemma3_text") ? "Gemma3ForCausalLM" : !strcmp(mt, "gemma3") ? "Gemma3ForConditionalGeneration"
-             : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
-             : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
-             : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
+        arch = mt_arch ? mt_arch : mt;
+    /* both given and naming two models: AutoModelForCausalLM builds the model type's, so building the
+       architectures' class would load other numerics (a Qwen3 directory named LlamaForCausalLM lost its q/k
+       norms without a word); a directory whose two keys disagree is refused, naming both */
+    if (r.st >= 0 && arch && mt_arch && strcmp(arch, mt_arch) &&
+        !(!strcmp(mt, "gemma3") && !strcmp(arch, "Gemma3ForCausalLM")))
+        r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\" names %s, but key \"model_type\" is \"%s\", "
+                        "whose model is %s (the class transformers' AutoModelForCausalLM builds): make the two "
+                        "agree", path, arch, mt, mt_arch);
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
     /* Gemma 3's image-text model: its language model (text_config; Gemma3TextConfig's defaults without one),

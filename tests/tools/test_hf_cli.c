@@ -195,6 +195,26 @@ TEST(bad_directories)
                 "key \"reorder_and_upcast_attn\": only false");
     bad_case_of("gpt2", "gpt2_unscaled", "sed -i 's/\"scale_attn_weights\": true/\"scale_attn_weights\": false/' "
                 "config.json", "config.json", "key \"scale_attn_weights\": only true");
+    /* "architectures" and "model_type" naming two models: transformers builds the model type's; dtrain built the
+       architectures' (a Qwen3 directory named LlamaForCausalLM lost its q/k norms without a word): refused */
+    bad_case_of("qwen3", "qwen3_as_llama", "sed -i 's/\"Qwen3ForCausalLM\"/\"LlamaForCausalLM\"/' config.json",
+                "config.json", "key \"architectures\" names LlamaForCausalLM, but key \"model_type\" is \"qwen3\"");
+    /* weights the configured model has no place for (here the layer past num_hidden_layers 1): used as before,
+       the first layers, and said once (transformers warns of its unexpected keys too) */
+    char m[400], *d = edited_dir("llama", "llama_1layer", "sed -i 's/\"num_hidden_layers\": 2/"
+                                 "\"num_hidden_layers\": 1/' config.json");
+    snprintf(m, sizeof m, "hf:%s", d);
+    cli_result w;
+    cli_runv(&w, 60, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(w.code, 0);
+    ASSERT_STR_CONTAINS(w.err, "9 tensors of the weights are no parameter of the LlamaForCausalLM");
+    ASSERT_STR_CONTAINS(w.err, "(the first: 'model.layers.1.");
+    ASSERT_EQ_INT(cli_lines(w.err), 1);
+    cli_runv(&w, 60, NULL, (char *[]){"eval", "--model", "hf:" HF "llama", "--data", "tokens:" HF "tokens.bin",
+                                      "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(w.code, 0);
+    ASSERT(!strstr(w.err, "tensors of the weights")); /* every tensor used: nothing said */
     /* --resume of a model directory (weights alone, no run in them): refused, saying how to start from it */
     cli_result r;
     cli_runv(&r, 60, NULL,
