@@ -82,7 +82,11 @@ typedef struct dt_tokenizer dt_tokenizer;
 #define DT_TOKENIZER_MAX_FILE ((size_t)256 << 20) /* larger tokenizer.json files are refused */
 
 /* Read path: a tokenizer.json, or a directory holding one (a Hugging Face
- * model directory). Errors name the file and, for content, the key:
+ * model directory), and the bos_token and eos_token of a
+ * tokenizer_config.json beside it when there is one (a string, or an
+ * AddedToken object's "content"; transformers' tokenizer.bos_token and
+ * .eos_token: a name that is no token of the tokenizer is DT_ERR_FORMAT
+ * naming the key). Errors name the file and, for content, the key:
  * DT_ERR_IO (missing, unreadable, too large), DT_ERR_FORMAT (not JSON, a
  * key of the wrong type, "version" not "1.0", a merge naming a token not
  * in the vocab, ...), DT_ERR_UNSUPPORTED (model.type other than BPE, an
@@ -103,11 +107,13 @@ DT_API int64_t dt_tokenizer_vocab_size(const dt_tokenizer *t);
  * naming s otherwise. */
 DT_API dt_status dt_tokenizer_token_id(const dt_tokenizer *t, const char *s, uint32_t *id);
 
-/* The token that ends a document, for corpora made of several: the first
- * special added token among "<|endoftext|>", "<|end_of_text|>", "</s>",
- * "<eos>", "<|im_end|>" (in that order), as GPT-2, Llama-3, Llama-2/
- * Mistral, Gemma and Qwen name it. DT_ERR_NOT_FOUND when none is there
- * (name the token: dt_tokenizer_token_id). */
+/* The token that ends a document, for corpora made of several:
+ * transformers' tokenizer.eos_token, the eos_token of the
+ * tokenizer_config.json beside the file (Llama-3 Instruct's <|eot_id|>,
+ * the token TRL ends a completion with), else the first special added
+ * token among "<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>",
+ * "<|im_end|>" (in that order), as GPT-2, Llama-3, Llama-2/Mistral, Gemma
+ * and Qwen name it. DT_ERR_NOT_FOUND when none is there. */
 DT_API dt_status dt_tokenizer_eos(const dt_tokenizer *t, uint32_t *id);
 
 /* Encode text[0, n) (valid UTF-8): *ids malloc'd (free() it; NULL when
@@ -126,9 +132,10 @@ DT_API dt_status dt_tokenizer_decode(const dt_tokenizer *t, const uint32_t *ids,
 /* The two files transformers reads beside a tokenizer.json in a model
  * directory, as JSON text (each malloc'd; free() them):
  * tokenizer_config.json (added_tokens_decoder with every added token by id,
- * bos_token, eos_token (unk_token when the model has one: the first special
- * added token among "<|begin_of_text|>", "<s>", "<bos>", "<|endoftext|>" is
- * the bos, dt_tokenizer_eos's list names the eos; null when absent),
+ * bos_token, eos_token (unk_token when the model has one: the
+ * tokenizer_config.json's the tokenizer was read with, else the first
+ * special added token among "<|begin_of_text|>", "<s>", "<bos>",
+ * "<|endoftext|>" is the bos, dt_tokenizer_eos the eos; null when absent),
  * clean_up_tokenization_spaces false, model_max_length when > 0,
  * tokenizer_class "PreTrainedTokenizerFast") and special_tokens_map.json
  * (the bos/eos/unk tokens there are). With them and the tokenizer.json,

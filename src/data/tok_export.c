@@ -154,12 +154,22 @@ static const tok_added *special_named(const dt_tokenizer *t, const char *const *
     return NULL;
 }
 
-static void add_content(cJSON *o, const char *key, const dt_tokenizer *t, const tok_added *a)
+/* Token id's text (an added token's content, or the vocab entry as the file writes it) into o's key; a token
+ * that is not there: null. */
+static void add_content(cJSON *o, const char *key, const dt_tokenizer *t, bool has, uint32_t id)
 {
-    if (a)
-        cJSON_AddStringToObject(o, key, t->pool.p + a->off);
+    char *s = NULL;
+    if (has && id < t->nid && t->added_by_id[id] != TOK_NONE)
+        s = strdup(t->pool.p + t->added[t->added_by_id[id]].off);
+    else if (has && id < t->nid && t->id_len[id] != TOK_NONE && (s = malloc((size_t)t->id_len[id] + 1))) {
+        memcpy(s, t->pool.p + t->id_off[id], t->id_len[id]);
+        s[t->id_len[id]] = 0;
+    }
+    if (s)
+        cJSON_AddStringToObject(o, key, s);
     else
         cJSON_AddNullToObject(o, key);
+    free(s);
 }
 
 dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_length, char **config_json,
@@ -168,13 +178,15 @@ dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_length,
     if (!t || !config_json || !special_map_json)
         return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_hf_files: NULL argument");
     *config_json = *special_map_json = NULL;
+    /* bos and eos: a tokenizer_config.json's beside the tokenizer.json it came from, else the first special
+       added token of the names below (eos: dt_tokenizer_eos's, the token its documents end with) */
     static const char *const bos_names[] = {"<|begin_of_text|>", "<s>", "<bos>", "<|endoftext|>"};
-    static const char *const eos_names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>"};
-    const tok_added *bos = special_named(t, bos_names, sizeof bos_names / sizeof bos_names[0]);
-    const tok_added *eos = special_named(t, eos_names, sizeof eos_names / sizeof eos_names[0]);
-    const tok_added *unk = NULL;
-    if (t->unk != TOK_NONE && t->added_by_id[t->unk] != TOK_NONE)
-        unk = &t->added[t->added_by_id[t->unk]];
+    const tok_added *bos_a = special_named(t, bos_names, sizeof bos_names / sizeof bos_names[0]);
+    uint32_t bos = t->has_cfg_bos ? t->cfg_bos : bos_a ? bos_a->id : 0, eos = 0;
+    const bool has_bos = t->has_cfg_bos || bos_a, has_eos = dt_tokenizer_eos(t, &eos) == DT_OK;
+    if (!has_eos)
+        dt_error_clear(); /* none: eos_token null */
+    const bool has_unk = t->unk != TOK_NONE && t->added_by_id[t->unk] != TOK_NONE;
     cJSON *cfg = cJSON_CreateObject(), *map = cJSON_CreateObject();
     cJSON *dec = cfg ? cJSON_AddObjectToObject(cfg, "added_tokens_decoder") : NULL;
     for (uint32_t id = 0; dec && id < t->nid; id++) { /* ids in order, each its holder (added_by_id) */
@@ -194,20 +206,20 @@ dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_length,
     }
     char *ctext = NULL, *mtext = NULL;
     if (dec && map) {
-        add_content(cfg, "bos_token", t, bos);
+        add_content(cfg, "bos_token", t, has_bos, bos);
         cJSON_AddBoolToObject(cfg, "clean_up_tokenization_spaces", false);
-        add_content(cfg, "eos_token", t, eos);
+        add_content(cfg, "eos_token", t, has_eos, eos);
         if (model_max_length > 0)
             cJSON_AddNumberToObject(cfg, "model_max_length", (double)model_max_length);
         cJSON_AddStringToObject(cfg, "tokenizer_class", "PreTrainedTokenizerFast");
-        if (unk)
-            add_content(cfg, "unk_token", t, unk);
-        if (bos)
-            add_content(map, "bos_token", t, bos);
-        if (eos)
-            add_content(map, "eos_token", t, eos);
-        if (unk)
-            add_content(map, "unk_token", t, unk);
+        if (has_unk)
+            add_content(cfg, "unk_token", t, true, t->unk);
+        if (has_bos)
+            add_content(map, "bos_token", t, true, bos);
+        if (has_eos)
+            add_content(map, "eos_token", t, true, eos);
+        if (has_unk)
+            add_content(map, "unk_token", t, true, t->unk);
         ctext = cJSON_Print(cfg);
         mtext = cJSON_Print(map);
     }

@@ -95,6 +95,10 @@ struct dt_tokenizer {
     int ndec;
     uint32_t *pre_ids, *post_ids; /* add_special: ids before and after the sequence */
     uint32_t npre, npost;
+    /* the bos_token and eos_token a tokenizer_config.json beside the file names (transformers' tokenizer.bos_token
+       and .eos_token; has_cfg_* false: none named) */
+    uint32_t cfg_bos, cfg_eos;
+    bool has_cfg_bos, has_cfg_eos;
 };
 
 /* Pool and map helpers (tok_json.c). */

@@ -10,6 +10,7 @@
  * The vocab can hold 150,000 entries; duplicates are found with the string
  * map, not the strict JSON reader (whose duplicate check is quadratic in an
  * object's size). */
+#include "base/json_strict.h"
 #include "mapfile.h"
 #include "tok_impl.h"
 
@@ -822,6 +823,60 @@ dt_status dt_tokenizer_load_mem(const void *json, size_t n, const char *name, dt
     return DT_OK;
 }
 
+/* Key `key` ("bos_token", "eos_token") of tokenizer_config.json root cfg: a string, or an object whose "content" is
+ * one (older files write an AddedToken); null or absent: none (*has false). A token that is not one of t's
+ * (transformers would add it as a new id, past the model's vocabulary): an error naming the file and the key. */
+static dt_status config_token(const dt_tokenizer *t, const cJSON *root, const char *cfg, const char *path,
+                              const char *key, uint32_t *id, bool *has)
+{
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (cJSON_IsObject(e))
+        e = cJSON_GetObjectItemCaseSensitive(e, "content");
+    *has = false;
+    if (!e || cJSON_IsNull(e))
+        return DT_OK;
+    if (!cJSON_IsString(e))
+        return dt_error(DT_ERR_FORMAT, "%s: key \"%s\": want a token's text (or null)", cfg, key);
+    if (dt_tokenizer_token_id(t, e->valuestring, id) < 0)
+        return dt_error(DT_ERR_FORMAT, "%s: key \"%s\": \"%.64s\" is not a token of %s (transformers would add it "
+                        "as a new id, past the model's vocabulary)", cfg, key, e->valuestring, path);
+    *has = true;
+    return DT_OK;
+}
+
+/* transformers' tokenizer.bos_token and .eos_token: those a tokenizer_config.json beside the tokenizer.json at
+ * path names, when there is one (dt_tokenizer_eos, dt_tokenizer_hf_files). No file: nothing. A file that is not
+ * a JSON object: an error naming it. */
+static dt_status read_config_tokens(const char *path, dt_tokenizer *t)
+{
+    char cfg[4200];
+    const char *slash = strrchr(path, '/');
+    if (slash)
+        snprintf(cfg, sizeof cfg, "%.*s/tokenizer_config.json", (int)(slash - path), path);
+    else
+        snprintf(cfg, sizeof cfg, "tokenizer_config.json");
+    char *txt = NULL;
+    size_t len = 0;
+    dt_status st = dt_file_read_all(cfg, (size_t)64 << 20, &txt, &len);
+    if (st == DT_ERR_NOT_FOUND) {
+        dt_error_clear();
+        return DT_OK;
+    }
+    if (st < 0)
+        return st;
+    cJSON *root = NULL;
+    st = dt__json_parse_strict(txt, len, cfg, &root);
+    free(txt);
+    if (st < 0)
+        return st;
+    if (!cJSON_IsObject(root))
+        st = dt_error(DT_ERR_FORMAT, "%s: not a JSON object", cfg);
+    else if ((st = config_token(t, root, cfg, path, "eos_token", &t->cfg_eos, &t->has_cfg_eos)) >= 0)
+        st = config_token(t, root, cfg, path, "bos_token", &t->cfg_bos, &t->has_cfg_bos);
+    cJSON_Delete(root);
+    return st;
+}
+
 dt_status dt_tokenizer_load(const char *path, dt_tokenizer **out)
 {
     if (!out || !path)
@@ -864,6 +919,10 @@ dt_status dt_tokenizer_load(const char *path, dt_tokenizer **out)
     else
         st = dt_tokenizer_load_mem(buf, len, path, out);
     free(buf);
+    if (st >= 0 && (st = read_config_tokens(path, *out)) < 0) {
+        dt_tokenizer_free(*out);
+        *out = NULL;
+    }
     return st;
 }
 
@@ -886,6 +945,10 @@ dt_status dt_tokenizer_eos(const dt_tokenizer *t, uint32_t *id)
     static const char *names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>"};
     if (!t || !id)
         return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_eos: NULL argument");
+    if (t->has_cfg_eos) { /* tokenizer_config.json's eos_token: transformers' tokenizer.eos_token */
+        *id = t->cfg_eos;
+        return DT_OK;
+    }
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         uint32_t a = dt__tok_strmap_get(&t->added_map, &t->pool, names[i], strlen(names[i]));
         if (a != TOK_NONE && t->added[a].special) {
@@ -895,5 +958,6 @@ dt_status dt_tokenizer_eos(const dt_tokenizer *t, uint32_t *id)
     }
     return dt_error(DT_ERR_NOT_FOUND,
                     "tokenizer: no end-of-document token (none of <|endoftext|>, <|end_of_text|>, </s>, <eos>, "
-                    "<|im_end|> is a special added token): name one");
+                    "<|im_end|> is a special added token): name one as \"eos_token\" in a tokenizer_config.json "
+                    "beside the tokenizer.json, as transformers reads it");
 }

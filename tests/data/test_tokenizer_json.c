@@ -195,6 +195,70 @@ TEST(specials_and_decode)
     dt_tokenizer_free(NULL);
 }
 
+/* dir/name := text */
+static void put(const char *dir, const char *name, const char *text)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ASSERT(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The end-of-document token is transformers' tokenizer.eos_token: a tokenizer_config.json beside the
+ * tokenizer.json names it (Llama-3 Instruct's <|eot_id|>, where dtrain's own list took <|end_of_text|>); a string
+ * or an AddedToken object; null or no file: the list. A name that is no token, or a file that is not JSON: an error
+ * naming the file. */
+TEST(eos_from_tokenizer_config)
+{
+    char dir[400], json[500], cmd[1200];
+    snprintf(dir, sizeof dir, "%s/eos", t_tmpdir("tokjson"));
+    snprintf(json, sizeof json, "%s/tokenizer.json", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s'", dir, gpath("llama3.json"), json);
+    ASSERT_EQ_INT(system(cmd), 0);
+    dt_tokenizer *t = NULL;
+    uint32_t eos, eot, end;
+    ASSERT_OK(dt_tokenizer_load(json, &t)); /* no tokenizer_config.json: the list's */
+    ASSERT_OK(dt_tokenizer_eos(t, &eos));
+    ASSERT_OK(dt_tokenizer_token_id(t, "<|end_of_text|>", &end));
+    ASSERT_OK(dt_tokenizer_token_id(t, "<|eot_id|>", &eot));
+    ASSERT_EQ_INT(eos, end);
+    dt_tokenizer_free(t);
+    const char *cfgs[] = {"{\"eos_token\": \"<|eot_id|>\", \"bos_token\": \"<|begin_of_text|>\"}",
+                          "{\"eos_token\": {\"__type\": \"AddedToken\", \"content\": \"<|eot_id|>\"}}"};
+    for (int i = 0; i < 2; i++) {
+        put(dir, "tokenizer_config.json", cfgs[i]);
+        ASSERT_OK(dt_tokenizer_load(i ? dir : json, &t)); /* the directory, or the file in it */
+        ASSERT_OK(dt_tokenizer_eos(t, &eos));
+        ASSERT_EQ_INT(eos, eot);
+        char *cfg = NULL, *map = NULL; /* and an export writes it back (it wrote the list's, <|end_of_text|>) */
+        ASSERT_OK(dt_tokenizer_hf_files(t, 0, &cfg, &map));
+        ASSERT_STR_CONTAINS(cfg, "\"eos_token\":\t\"<|eot_id|>\"");
+        ASSERT_STR_CONTAINS(map, "\"eos_token\":\t\"<|eot_id|>\"");
+        ASSERT_STR_CONTAINS(cfg, "\"bos_token\":\t\"<|begin_of_text|>\"");
+        free(cfg);
+        free(map);
+        dt_tokenizer_free(t);
+    }
+    put(dir, "tokenizer_config.json", "{\"eos_token\": null}");
+    ASSERT_OK(dt_tokenizer_load(json, &t));
+    ASSERT_OK(dt_tokenizer_eos(t, &eos));
+    ASSERT_EQ_INT(eos, end);
+    dt_tokenizer_free(t);
+    put(dir, "tokenizer_config.json", "{\"eos_token\": \"<|no such token|>\"}");
+    ASSERT_STATUS(dt_tokenizer_load(json, &t), DT_ERR_FORMAT);
+    ASSERT(t == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(),
+                        "tokenizer_config.json: key \"eos_token\": \"<|no such token|>\" is not a token");
+    put(dir, "tokenizer_config.json", "{\"eos_token\": ");
+    ASSERT_STATUS(dt_tokenizer_load(json, &t), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "tokenizer_config.json");
+    put(dir, "tokenizer_config.json", "{\"eos_token\": 7}");
+    ASSERT_STATUS(dt_tokenizer_load(json, &t), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key \"eos_token\": want a token's text");
+}
+
 static uint64_t rs_ = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void)
 {
@@ -410,6 +474,7 @@ int main(void)
     RUN(golden_ids);
     RUN(normalizers_golden);
     RUN(specials_and_decode);
+    RUN(eos_from_tokenizer_config);
     RUN(dtrain_bpe_matches_its_json);
     RUN(regex_engine);
     RUN(bad_files);
