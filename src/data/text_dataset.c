@@ -173,9 +173,13 @@ typedef struct jkeys {
 static dt_status jstring(const cJSON *o, const char *key, const char *opt, const char *where, const char **out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    /* TRL's conversational format: its chat template makes the text, which dtrain does not apply */
+    const bool chat = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages"));
     if (!cJSON_IsString(v))
-        return dt_error(DT_ERR_FORMAT, "%s: want an object with a string \"%s\"%s (%s=NAME picks another key)", where,
-                        key, !v ? "" : ", not another JSON type", opt);
+        return dt_error(DT_ERR_FORMAT, "%s: want an object with a string \"%s\"%s (%s=NAME picks another key)%s",
+                        where, key, !v ? "" : ", not another JSON type", opt,
+                        chat ? "; a \"messages\" list (a conversation) needs its chat template applied first: "
+                               "write each as text, or as a prompt and a completion" : "");
     *out = v->valuestring;
     return DT_OK;
 }

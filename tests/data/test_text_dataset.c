@@ -6,7 +6,7 @@
 #include "test.h"
 #include "tmp_util.h"
 
-static char p_[8][600];
+static char p_[9][600];
 static const char *tp(int slot, const char *name)
 {
     snprintf(p_[slot], sizeof p_[slot], "%s/%s", t_tmpdir("text_dataset"), name);
@@ -128,9 +128,10 @@ TEST(bad_specs_and_files)
     write_file(tp(3, "bad.jsonl"), "{\"text\": \"fine\"}\n{\"txt\": \"no text key\"}\n");
     write_file(tp(4, "broken.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \n");
     write_file(tp(5, "latin1.txt"), "caf\xe9\n");
+    write_file(tp(8, "chat.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
     dt_tokens_params kp = dt_tokens_params_default();
     kp.seq_len = 4;
-    char s[8][1400];
+    char s[9][1400];
     snprintf(s[0], sizeof s[0], "jsonl:%s", p_[3]);
     snprintf(s[1], sizeof s[1], "jsonl:%s", p_[4]);
     snprintf(s[2], sizeof s[2], "text:%s", p_[5]);
@@ -138,6 +139,7 @@ TEST(bad_specs_and_files)
     snprintf(s[4], sizeof s[4], "text:/nonexistent/x.txt");
     snprintf(s[5], sizeof s[5], "text:");
     snprintf(s[6], sizeof s[6], "tokens:%s", p_[5]);
+    snprintf(s[8], sizeof s[8], "jsonl:%s", p_[8]);
     struct {
         const char *spec, *msg;
         dt_status st;
@@ -149,6 +151,8 @@ TEST(bad_specs_and_files)
         {s[4], "/nonexistent/x.txt", DT_ERR_IO},
         {s[5], "empty file name", DT_ERR_INVALID_ARG},
         {s[6], "want text:", DT_ERR_INVALID_ARG},
+        /* TRL's conversational format: said what it needs (a chat template dtrain does not apply) */
+        {s[8], "a \"messages\" list (a conversation) needs its chat template applied first", DT_ERR_FORMAT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         ASSERT_EQ_INT(open_fails(i, cases[i].spec, t, &kp, cases[i].st, cases[i].msg), 0);
