@@ -164,7 +164,8 @@ static const opt_def opts[] = {
      "on the --model's own (hf:DIR) or --init-from's"},
     {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
      "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "
-     "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
+     "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model); DIR is made at the start "
+     "and held by the run: another job given it is refused"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
      "--val-data; with --model hf:DIR the default is DIR's tokenizer.json, when it has one); the model's "

@@ -330,6 +330,39 @@ TEST(save_lora_fifo_refused)
     ASSERT(S_ISFIFO(st.st_mode));
 }
 
+/* Two jobs given one --save-lora DIR wrote their adapter_config.json and weights in turn (one job's config could
+ * end up beside the other's weights). The run holds DIR from its start: another job is refused (exit 2) before
+ * training; a run that fails before it saves leaves no DIR (nor parent) it made. (A lock this test takes stands for the other
+ * job's.) */
+TEST(save_lora_dir_of_another_job_refused)
+{
+    const char *dir = cli_path("lora_held");
+    ASSERT(mkdir(dir, 0755) == 0);
+    int held = -1;
+    ASSERT_OK(dt_dir_lock(dir, &held));
+    char *run[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "1", "--progress", "plain", "--save-lora",
+                   (char *)dir, NULL};
+    cli_result r;
+    cli_runv(&r, 120, NULL, run);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--save-lora");
+    ASSERT_STR_CONTAINS(r.err, "another job");
+    ASSERT(!strstr(r.out, "first step done"));
+    close(held);
+    cli_runv(&r, 120, NULL, run);
+    ASSERT_EQ_INT(r.code, 0);
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_config.json", dir);
+    ASSERT(file_exists(f));
+    const char *fresh = cli_path("lora_fresh/sub");
+    char *bad[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "1", "--init-from", cli_path("no_such_ckpt"),
+                   "--save-lora", (char *)fresh, NULL};
+    cli_runv(&r, 120, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(!file_exists(fresh));
+    ASSERT(!file_exists(cli_path("lora_fresh"))); /* nor the parent it made */
+}
+
 int main(void)
 {
     make_tokens();
@@ -338,6 +371,7 @@ int main(void)
     RUN(save_lora_zero3);
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
+    RUN(save_lora_dir_of_another_job_refused);
     RUN(save_lora_symlink_refused);
     RUN(save_lora_fifo_refused);
     cli_cleanup();
