@@ -1,7 +1,9 @@
 /* The tokenizer a checkpoint keeps: a run trained with `dtrain train
  * --tokenizer FILE --save DIR` keeps FILE's tokenizer.json in the
- * checkpoint's saved options ("tokenizer_json"); dtrain generate --ckpt and
- * dtrain eval --ckpt encode text with it (dt__ckpt_tokenizer). */
+ * checkpoint's saved options ("tokenizer_json"), and the tokenizer_config.json
+ * beside it when there is one ("tokenizer_config_json": its bos and eos
+ * tokens); dtrain generate --ckpt and dtrain eval --ckpt encode text with it
+ * (dt__ckpt_tokenizer). */
 #include "cmd.h"
 
 #include "dtrain/tokenizer.h"
@@ -23,10 +25,17 @@ dt_status dt__ckpt_tokenizer(const char *ckpt, dt_tokenizer **out)
     if (!u)
         return dt_error(DT_ERR_FORMAT, "%s: its saved options are not JSON", ckpt);
     const cJSON *tj = cJSON_GetObjectItemCaseSensitive(u, "tokenizer_json");
+    const cJSON *cj = cJSON_GetObjectItemCaseSensitive(u, "tokenizer_config_json");
     if (cJSON_IsString(tj)) {
         char name[1100];
         snprintf(name, sizeof name, "the tokenizer.json kept by --ckpt %s", ckpt);
         st = dt_tokenizer_load_mem(tj->valuestring, strlen(tj->valuestring), name, out);
+        snprintf(name, sizeof name, "the tokenizer_config.json kept by --ckpt %s", ckpt);
+        if (st >= 0 && cJSON_IsString(cj) && /* its bos and eos tokens, as the run read them */
+            (st = dt_tokenizer_apply_config(*out, cj->valuestring, strlen(cj->valuestring), name)) < 0) {
+            dt_tokenizer_free(*out);
+            *out = NULL;
+        }
     }
     cJSON_Delete(u);
     return st < 0 ? st : DT_OK;

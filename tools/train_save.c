@@ -71,11 +71,11 @@ int dt__tr_make_user_json(dt__train_run *t)
         snprintf(lm, sizeof lm, ",\"mlp_dim\":%lld,\"mlp_hidden\":%lld", (long long)t->o.mlp_dim,
                  (long long)t->o.mlp_hidden);
     }
-    char *vq = NULL, *tq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint (generate --ckpt) */
+    char *vq = NULL, *tq = NULL, *cq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint */
     if (t->lm && t->o.vocab && t->o.save && !(vq = dt__tr_vocab_quoted("--vocab", t->o.vocab)))
         return 2;
     if (t->lm && t->o.tokenizer && t->o.save) {
-        char tp[4200];
+        char tp[4200], cp[4300];
         struct stat sb;
         bool dir = stat(t->o.tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode); /* a model directory holding one */
         snprintf(tp, sizeof tp, dir ? "%s/tokenizer.json" : "%s", t->o.tokenizer);
@@ -83,8 +83,18 @@ int dt__tr_make_user_json(dt__train_run *t)
             cJSON_free(vq);
             return 2;
         }
+        /* and the tokenizer_config.json beside it (its bos and eos tokens: eval and generate --ckpt end documents
+           with the token this run did) */
+        char *slash = strrchr(tp, '/');
+        snprintf(cp, sizeof cp, "%.*s%stokenizer_config.json", slash ? (int)(slash - tp) : 0, tp, slash ? "/" : "");
+        if (lstat(cp, &sb) == 0 && S_ISREG(sb.st_mode) && !(cq = dt__tr_vocab_quoted("--tokenizer", cp))) {
+            cJSON_free(vq);
+            cJSON_free(tq);
+            return 2;
+        }
     }
-    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + (tq ? strlen(tq) : 0) + 512;
+    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + (tq ? strlen(tq) : 0) + (cq ? strlen(cq) : 0) +
+               512;
     if (!(t->user_json = malloc(n))) {
         cJSON_free(vq);
         cJSON_free(tq);
@@ -107,6 +117,11 @@ int dt__tr_make_user_json(dt__train_run *t)
         size_t l = strlen(t->user_json);
         snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_json\":%s}", tq);
         cJSON_free(tq);
+    }
+    if (cq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_config_json\":%s}", cq);
+        cJSON_free(cq);
     }
     /* the LoRA and --freeze settings (eval/generate --ckpt and --resume rebuild the model with them) */
     char *tj = dt__tuning_json(t->lora_targets ? t->o.lora_targets : NULL, &t->lora, t->o.freeze);

@@ -92,6 +92,13 @@ typedef struct dt_tokenizer dt_tokenizer;
  * in the vocab, ...), DT_ERR_UNSUPPORTED (model.type other than BPE, an
  * unsupported normalizer, pre-tokenizer, decoder or regex construct). */
 DT_API dt_status dt_tokenizer_load(const char *path, dt_tokenizer **out);
+/* Take the bos_token and eos_token of a tokenizer_config.json's text
+ * json[0, n) (name: the file, for messages), as dt_tokenizer_load takes the
+ * file beside a tokenizer.json: for a tokenizer read from memory
+ * (dt_tokenizer_load_mem) that came with one. All or nothing: an error
+ * (not a JSON object, a key that is no token's text, a token the tokenizer
+ * lacks) changes nothing. */
+DT_API dt_status dt_tokenizer_apply_config(dt_tokenizer *t, const char *json, size_t n, const char *name);
 /* The same from JSON text held in memory; name is used in messages (NULL:
  * "<memory>"). */
 DT_API dt_status dt_tokenizer_load_mem(const void *json, size_t n, const char *name, dt_tokenizer **out);

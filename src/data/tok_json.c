@@ -826,8 +826,8 @@ dt_status dt_tokenizer_load_mem(const void *json, size_t n, const char *name, dt
 /* Key `key` ("bos_token", "eos_token") of tokenizer_config.json root cfg: a string, or an object whose "content" is
  * one (older files write an AddedToken); null or absent: none (*has false). A token that is not one of t's
  * (transformers would add it as a new id, past the model's vocabulary): an error naming the file and the key. */
-static dt_status config_token(const dt_tokenizer *t, const cJSON *root, const char *cfg, const char *path,
-                              const char *key, uint32_t *id, bool *has)
+static dt_status config_token(const dt_tokenizer *t, const cJSON *root, const char *cfg, const char *key,
+                              uint32_t *id, bool *has)
 {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, key);
     if (cJSON_IsObject(e))
@@ -838,15 +838,34 @@ static dt_status config_token(const dt_tokenizer *t, const cJSON *root, const ch
     if (!cJSON_IsString(e))
         return dt_error(DT_ERR_FORMAT, "%s: key \"%s\": want a token's text (or null)", cfg, key);
     if (dt_tokenizer_token_id(t, e->valuestring, id) < 0)
-        return dt_error(DT_ERR_FORMAT, "%s: key \"%s\": \"%.64s\" is not a token of %s (transformers would add it "
-                        "as a new id, past the model's vocabulary)", cfg, key, e->valuestring, path);
+        return dt_error(DT_ERR_FORMAT, "%s: key \"%s\": \"%.64s\" is not a token of the tokenizer (transformers "
+                        "would add it as a new id, past the model's vocabulary)", cfg, key, e->valuestring);
     *has = true;
     return DT_OK;
 }
 
+dt_status dt_tokenizer_apply_config(dt_tokenizer *t, const char *json, size_t n, const char *name)
+{
+    if (!t || !json || !name)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_apply_config: NULL argument");
+    cJSON *root = NULL;
+    dt_status st = dt__json_parse_strict(json, n, name, &root);
+    if (st < 0)
+        return st;
+    uint32_t bos = 0, eos = 0;
+    bool hb = false, he = false;
+    if (!cJSON_IsObject(root))
+        st = dt_error(DT_ERR_FORMAT, "%s: not a JSON object", name);
+    else if ((st = config_token(t, root, name, "eos_token", &eos, &he)) >= 0)
+        st = config_token(t, root, name, "bos_token", &bos, &hb);
+    cJSON_Delete(root);
+    if (st >= 0) /* all or nothing */
+        t->cfg_bos = bos, t->has_cfg_bos = hb, t->cfg_eos = eos, t->has_cfg_eos = he;
+    return st;
+}
+
 /* transformers' tokenizer.bos_token and .eos_token: those a tokenizer_config.json beside the tokenizer.json at
- * path names, when there is one (dt_tokenizer_eos, dt_tokenizer_hf_files). No file: nothing. A file that is not
- * a JSON object: an error naming it. */
+ * path names, when there is one (dt_tokenizer_apply_config). No file: nothing. */
 static dt_status read_config_tokens(const char *path, dt_tokenizer *t)
 {
     char cfg[4200];
@@ -864,16 +883,8 @@ static dt_status read_config_tokens(const char *path, dt_tokenizer *t)
     }
     if (st < 0)
         return st;
-    cJSON *root = NULL;
-    st = dt__json_parse_strict(txt, len, cfg, &root);
+    st = dt_tokenizer_apply_config(t, txt, len, cfg);
     free(txt);
-    if (st < 0)
-        return st;
-    if (!cJSON_IsObject(root))
-        st = dt_error(DT_ERR_FORMAT, "%s: not a JSON object", cfg);
-    else if ((st = config_token(t, root, cfg, path, "eos_token", &t->cfg_eos, &t->has_cfg_eos)) >= 0)
-        st = config_token(t, root, cfg, path, "bos_token", &t->cfg_bos, &t->has_cfg_bos);
-    cJSON_Delete(root);
     return st;
 }
 

@@ -290,6 +290,52 @@ TEST(mfu_peak_in_run_precision)
     }
 }
 
+/* A tokenizer directory whose tokenizer_config.json names the eos_token (Llama-3 Instruct's <|eot_id|>): the run's
+ * documents end with it, and the checkpoint keeps it with the tokenizer.json, so eval --ckpt of the same documents
+ * gives the run's own validation loss (with the tokenizer.json alone it ended them with <|end_of_text|>). */
+TEST(tokenizer_config_eos_kept)
+{
+    char dir[400], p[500], val[500], train[500], ck[500], cmd[1600];
+    snprintf(dir, sizeof dir, "%s/tokdir", cli_tmpdir());
+    snprintf(ck, sizeof ck, "%s/tokdir_run", cli_tmpdir());
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/tests/data/tokenizer/llama3.json' '%s/tokenizer.json'", dir,
+             DT_SOURCE_DIR, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(p, "w");
+    ASSERT(f != NULL);
+    fputs("{\"eos_token\": \"<|eot_id|>\", \"bos_token\": \"<|begin_of_text|>\"}\n", f);
+    fclose(f);
+    const char *docs[] = {"In the beginning God created the heaven and the earth.",
+                          "And the earth was without form, and void; and darkness was upon the face of the deep.",
+                          "And the Spirit of God moved upon the face of the waters.", "And God said, Let there be light.",
+                          "And God saw the light, that it was good: and God divided the light from the darkness."};
+    snprintf(val, sizeof val, "jsonl:%s/val.jsonl", cli_tmpdir());
+    f = fopen(val + 6, "w");
+    ASSERT(f != NULL);
+    for (int k = 0; k < 8; k++)
+        for (size_t i = 0; i < sizeof docs / sizeof *docs; i++)
+            fprintf(f, "{\"text\": \"%s\"}\n", docs[i]);
+    fclose(f);
+    snprintf(train, sizeof train, "text:%s/tests/data/tokenizer/bible.txt", DT_SOURCE_DIR);
+    static cli_result r;
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", train, "--val-data", val, "--tokenizer", dir,
+                        "--seq", "8", "--batch", "4", "--max-steps", "2", "--limit-train", "16", "--save", ck,
+                        "--progress", "none", "--threads", "1", NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    const char *v = strstr(r.out, "val loss: ");
+    ASSERT(v);
+    const double run_loss = atof(v + 10);
+    cli_runv(&r, 240, NULL, (char *[]){"eval", "--ckpt", ck, "--data", val, "--seq", "8", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const char *j = strstr(r.out, "{\"loss\":");
+    ASSERT(j);
+    ASSERT_NEAR(atof(j + 8), run_loss, 6e-5, 0); /* the run prints 4 decimals */
+}
+
 int main(void)
 {
     write_data();
@@ -298,6 +344,7 @@ int main(void)
     RUN(mfu_peak_in_run_precision);
     RUN(generate_cli);
     RUN(vocab_text);
+    RUN(tokenizer_config_eos_kept);
     RUN(larger_model_checkpoint_refused);
     cli_cleanup();
     return TEST_REPORT();
