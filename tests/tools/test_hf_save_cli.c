@@ -425,7 +425,7 @@ TEST(save_hf_one_writer)
     p.lock = l;
     ASSERT_OK(dt_hf_save(HF "gpt2", &h, out, &p));
     dt_hf_save_lock_close(l);
-    char f[700];
+    char f[800];
     snprintf(f, sizeof f, "%s/model.safetensors", out);
     ASSERT(file_exists(f));
     ASSERT_EQ_INT(count_prefix(cli_tmpdir(), "held_hf."), 0);
