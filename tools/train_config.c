@@ -269,7 +269,7 @@ static dt_status show_auto(dt_config *c, const char *key, double v, const char *
  * values are those the trainer takes anyway (its flags, then the defaults
  * the config's own keys would have had): nothing the run does changes. */
 static dt_status resolve_autos(const dt__train_opts *o, const dt_trainer_params *tp, const dt_config_batch *b,
-                               dt_config *c)
+                               const dt_zero_params *zp, dt_config *c)
 {
     const dt_adam_params *ad = tp->optimizer == DT_OPTIM_ADAM ? &tp->adam : &tp->adamw;
     double b1 = ad->beta1, b2 = ad->beta2, eps = ad->eps, wd = ad->weight_decay;
@@ -309,6 +309,25 @@ static dt_status resolve_autos(const dt__train_opts *o, const dt_trainer_params 
         st = dt_config_resolve(c, "fp16.enabled", f16 ? "true" : "false", why);
     if (st == DT_OK && dt_config_is_auto(c, "bf16.enabled"))
         st = dt_config_resolve(c, "bf16.enabled", bf16 ? "true" : "false", why);
+    /* the ZeRO knobs the trainer reads (dtrain's defaults, DeepSpeed's where it has them; the HF Trainer sizes
+       them from the model), the logging interval, the per-step timing */
+    if (st == DT_OK && dt_config_is_auto(c, "zero_optimization.overlap_comm"))
+        st = dt_config_resolve(c, "zero_optimization.overlap_comm", zp->overlap_comm ? "true" : "false",
+                               "dtrain's default");
+    const struct {
+        const char *key;
+        size_t v;
+    } sizes[] = {{"zero_optimization.allgather_bucket_size", zp->allgather_bucket_size},
+                 {"zero_optimization.stage3_prefetch_bucket_size", zp->prefetch_bucket_size},
+                 {"zero_optimization.stage3_param_persistence_threshold", zp->param_persistence_threshold},
+                 {"zero_optimization.stage3_max_live_parameters", zp->max_live_parameters},
+                 {"zero_optimization.stage3_max_reuse_distance", zp->max_reuse_distance}};
+    for (size_t i = 0; st == DT_OK && i < sizeof sizes / sizeof sizes[0]; i++)
+        st = show_auto(c, sizes[i].key, (double)sizes[i].v, "dtrain's default");
+    if (st == DT_OK)
+        st = show_auto(c, "steps_per_print", (double)o->log_every, "--log-every");
+    if (st == DT_OK && dt_config_is_auto(c, "wall_clock_breakdown"))
+        st = dt_config_resolve(c, "wall_clock_breakdown", "false", "the default");
     return st;
 }
 
@@ -463,7 +482,7 @@ static int read_back(dt__train_opts *o, dt_config *c)
         o->momentum = 0;
     if (st == DT_OK && dt == DT_BF16 && o->loss_scale >= 0)
         o->loss_scale = -1; /* bf16 from the config: no scaling (DeepSpeed forces scale 1) */
-    if (resolve_autos(o, &tp, &b, c) < 0)
+    if (resolve_autos(o, &tp, &b, &zp, c) < 0)
         return bad();
     return dt__train_check(o);
 }

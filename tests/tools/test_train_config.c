@@ -438,7 +438,9 @@ TEST(hf_trainer_autos_are_listed_as_run)
                            "\"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\", "
                            "\"fp16\": {\"enabled\": \"auto\"}, \"bf16\": {\"enabled\": \"auto\"}, "
                            "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", "
-                           "\"betas\": \"auto\", \"eps\": \"auto\", \"weight_decay\": \"auto\"}}}", p, sizeof p);
+                           "\"betas\": \"auto\", \"eps\": \"auto\", \"weight_decay\": \"auto\"}}, "
+                           "\"zero_optimization\": {\"stage\": 1, \"overlap_comm\": \"auto\", "
+                           "\"allgather_bucket_size\": \"auto\"}, \"steps_per_print\": \"auto\"}", p, sizeof p);
     run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--grad-accum", "2", "--lr", "0.01", "--max-steps",
                                               "3", NULL});
     if (r.code != 0)
@@ -452,6 +454,9 @@ TEST(hf_trainer_autos_are_listed_as_run)
         "  optimizer.params.betas = [0.9,0.999]  (auto: --betas)\n",
         "  optimizer.params.eps = 1e-08  (auto: --eps)\n",
         "  optimizer.params.weight_decay = 0  (auto: --weight-decay)\n", /* DeepSpeed's FusedAdam default */
+        "  zero_optimization.overlap_comm = true  (auto: dtrain's default)\n",
+        "  zero_optimization.allgather_bucket_size = 500000000  (auto: dtrain's default)\n",
+        "  steps_per_print = 100  (auto: --log-every)\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         ASSERT_STR_CONTAINS(r.out, want[i]);
@@ -460,8 +465,9 @@ TEST(hf_trainer_autos_are_listed_as_run)
     const double a = train_loss(r.out);
     write_cfg("explicit.json", "{\"train_batch_size\": 8, \"gradient_clipping\": 0, \"fp16\": {\"enabled\": "
                                "false}, \"bf16\": {\"enabled\": false}, \"optimizer\": {\"type\": \"AdamW\", "
-                               "\"params\": {\"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": 0}}}",
-              p, sizeof p);
+                               "\"params\": {\"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": 0}}, "
+                               "\"zero_optimization\": {\"stage\": 1, \"overlap_comm\": true, "
+                               "\"allgather_bucket_size\": 500000000}, \"steps_per_print\": 100}", p, sizeof p);
     run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--grad-accum", "2", "--lr", "0.01", "--max-steps",
                                               "3", NULL});
     ASSERT_EQ_INT(r.code, 0);
