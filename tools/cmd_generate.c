@@ -74,7 +74,8 @@ static void usage(FILE *f)
                "  --repetition-penalty X   divide the logit of every token already in the sequence by X\n"
                "                        (multiply where negative), greedy too (transformers'; default 1)\n"
                "  --eos-id ID[,ID...]|none   stop after generating one of these tokens (it is printed;\n"
-               "                        default none)\n"
+               "                        default: an hf:DIR model's generation settings; with a text\n"
+               "                        prompt through a tokenizer.json, its eos_token; else none)\n"
                "  --min-new-tokens N    the stop tokens are never picked before N new tokens (default 0)\n"
                "  --no-repeat-ngram-size N   never repeat an N-gram of the sequence, prompt included\n"
                "                        (transformers' no_repeat_ngram_size; default 0 = off)\n"
@@ -639,6 +640,13 @@ int dt_cmd_generate(int argc, char **argv)
                         "search)\n",
                         model + 3, ignored);
     }
+    /* a text prompt through a tokenizer.json, no model directory's generation settings, no --eos-id: the
+       tokenizer's eos_token ends the text, as transformers' generate stops at the model's eos_token_id (a run
+       trained on documents learnt to end them with it; the --ckpt run's tokenizer is the one it trained with) */
+    uint32_t teos;
+    if (!eos_given && !hf_model && tok && dt_tokenizer_eos(tok, &teos) == DT_OK)
+        gp.eos_ids[0] = teos, gp.n_eos = 1;
+    dt_error_clear();
     /* Options of a decoding mode not chosen: refused, as they were ignored (transformers warns and ignores them) */
     const char *samp = toph_given ? "--top-h" : topk_given ? "--top-k" : topp_given ? "--top-p"
                        : minp_given ? "--min-p" : typp_given ? "--typical-p" : eps_given ? "--epsilon-cutoff"

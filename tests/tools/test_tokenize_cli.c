@@ -9,6 +9,7 @@
 #include "test.h"
 #include "train_cli.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <sys/stat.h>
 
@@ -621,6 +622,83 @@ TEST(outputs_over_inputs_refused)
     free(corpus);
 }
 
+/* A text prompt through a tokenizer.json stops at the tokenizer's eos_token (as transformers' generate stops at the
+ * model's eos_token_id; it went on to --max-new-tokens): the token a model's greedy step picks is named eos_token in
+ * a tokenizer_config.json beside the tokenizer, and the text then ends there; --eos-id none goes on. */
+TEST(generate_stops_at_the_tokenizers_eos)
+{
+    char src[1024], dir[700], cmd[2600];
+    snprintf(src, sizeof src, "%s/tests/data/tokenizer/llama3.json", DT_SOURCE_DIR);
+    snprintf(dir, sizeof dir, "%s", tp(2, "eos_tokdir"));
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/tokenizer.json'", dir, src, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    dt_tokenizer *t = NULL;
+    ASSERT_OK(dt_tokenizer_load(src, &t));
+    const char *prompt = "In the beginning";
+    uint32_t *pids;
+    int64_t np;
+    ASSERT_OK(dt_tokenizer_encode(t, prompt, strlen(prompt), true, &pids, &np));
+    char list[256] = "";
+    for (int64_t i = 0; i < np; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%u", i ? "," : "", pids[i]);
+    free(pids);
+    char vs[32];
+    snprintf(vs, sizeof vs, "%lld", (long long)dt_tokenizer_vocab_size(t));
+    cli_result r; /* the first token the untrained model picks after the prompt */
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--prompt-ids", list,
+                                      "--temperature", "0", "--max-new-tokens", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const char *bar = strstr(r.out, "| ");
+    ASSERT(bar);
+    const uint32_t first = (uint32_t)atol(bar + 2);
+    char *text = NULL; /* its text as the tokenizer.json writes it: the vocab key (or added token) of that id */
+    FILE *f = fopen(src, "rb");
+    ASSERT(f != NULL);
+    char *js = malloc(1 << 20);
+    size_t jn = fread(js, 1, (1 << 20) - 1, f);
+    fclose(f);
+    js[jn] = 0;
+    cJSON *root = cJSON_Parse(js), *vocab = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "vocab");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        if (!text && (uint32_t)e->valuedouble == first)
+            text = strdup(e->string);
+    }
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "added_tokens")) {
+        if (!text && (uint32_t)cJSON_GetObjectItem(e, "id")->valuedouble == first)
+            text = strdup(cJSON_GetObjectItem(e, "content")->valuestring);
+    }
+    cJSON_Delete(root);
+    free(js);
+    ASSERT(text != NULL);
+    cJSON *cfg = cJSON_CreateObject();
+    cJSON_AddStringToObject(cfg, "eos_token", text);
+    char *ct = cJSON_PrintUnformatted(cfg), p[800];
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    f = fopen(p, "w");
+    ASSERT(f != NULL);
+    fputs(ct, f);
+    fclose(f);
+    cJSON_free(ct);
+    cJSON_Delete(cfg);
+    free(text);
+    dt_tokenizer_free(t);
+    static cli_result a, b, c;
+    cli_runv(&a, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--prompt", (char *)prompt, "--temperature", "0", "--max-new-tokens", "6", NULL});
+    cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--prompt", (char *)prompt, "--temperature", "0", "--max-new-tokens", "1",
+                                      "--eos-id", "none", NULL});
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--prompt", (char *)prompt, "--temperature", "0", "--max-new-tokens", "6",
+                                      "--eos-id", "none", NULL});
+    ASSERT_EQ_INT(a.code, 0);
+    ASSERT_EQ_INT(b.code, 0);
+    ASSERT_EQ_INT(c.code, 0);
+    ASSERT_STR_EQ(a.out, b.out); /* stopped after the eos token, which is printed */
+    ASSERT(strlen(c.out) > strlen(a.out));
+}
+
 int main(void)
 {
     RUN(train_encode_split_decode);
@@ -629,6 +707,7 @@ int main(void)
     RUN(eval_ckpt_uses_its_tokenizer);
     RUN(train_loss_mask);
     RUN(generate_with_tokenizer);
+    RUN(generate_stops_at_the_tokenizers_eos);
     RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
