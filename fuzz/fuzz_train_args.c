@@ -28,6 +28,15 @@ bool dt_hf_dir_tokenizer(const char *name, char *path, size_t n)
     return false;
 }
 
+/* the Hub cache (models/, not linked here): holds nothing */
+dt_status dt_hf_hub_snapshot(const char *repo_id, char *out, size_t n)
+{
+    (void)repo_id;
+    if (out && n)
+        out[0] = 0;
+    return DT_ERR_NOT_FOUND;
+}
+
 /* --precision auto asks the library which precision this CPU trains in
  * (src/autograd, not linked here): the parser needs only an answer. */
 dt_dtype dt_precision_auto(const char **why)

@@ -9,10 +9,13 @@
 #include "zoo.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define CONFIG_NAME "config.json"
 #define MAX_CONFIG_BYTES (16u << 20)
@@ -529,6 +532,80 @@ static void read_gpt2(cfg_reader *r, dt_gpt2_config *g)
         unsupported(r, "reorder_and_upcast_attn", "only false is supported");
 }
 
+/* One part of a repository id: a letter or digit, then letters, digits, '-', '_', '.' (no ".."). */
+static bool repo_part(const char *s, size_t n)
+{
+    if (n == 0 || n > 96 || !isalnum((unsigned char)s[0]))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '-' || s[i] == '_' || s[i] == '.') ||
+            (s[i] == '.' && i + 1 < n && s[i + 1] == '.'))
+            return false;
+    return true;
+}
+
+dt_status dt_hf_hub_snapshot(const char *repo_id, char *out, size_t n)
+{
+    if (!repo_id || !out || !n)
+        return dt_error(DT_ERR_NULL, "dt_hf_hub_snapshot: NULL argument");
+    out[0] = 0;
+    const char *slash = strchr(repo_id, '/');
+    const size_t len = strlen(repo_id);
+    if (!(slash ? repo_part(repo_id, (size_t)(slash - repo_id)) && repo_part(slash + 1, len - (size_t)(slash - repo_id) - 1)
+                : repo_part(repo_id, len)))
+        return dt_error(DT_ERR_INVALID_ARG, "'%s' is not a Hugging Face Hub repository id (ORG/NAME)", repo_id);
+    const char *e, *home = getenv("HOME");
+    char cache[4096];
+    if ((e = getenv("HF_HUB_CACHE")) && *e)
+        snprintf(cache, sizeof cache, "%s", e);
+    else if ((e = getenv("HUGGINGFACE_HUB_CACHE")) && *e) /* the older name */
+        snprintf(cache, sizeof cache, "%s", e);
+    else if ((e = getenv("HF_HOME")) && *e)
+        snprintf(cache, sizeof cache, "%s/hub", e);
+    else if ((e = getenv("XDG_CACHE_HOME")) && *e)
+        snprintf(cache, sizeof cache, "%s/huggingface/hub", e);
+    else
+        snprintf(cache, sizeof cache, "%s/.cache/huggingface/hub", home && *home ? home : "");
+    char repo[4300], ref[4400], rev[128] = "";
+    snprintf(repo, sizeof repo, "%s/models--%.*s%s%s", cache, slash ? (int)(slash - repo_id) : (int)len, repo_id,
+             slash ? "--" : "", slash ? slash + 1 : "");
+    snprintf(ref, sizeof ref, "%s/refs/main", repo);
+    char *txt = NULL;
+    size_t tl = 0;
+    if (dt_file_read_all(ref, 256, &txt, &tl) >= 0) { /* the commit main names (a hex name: nothing else is taken) */
+        size_t k = 0;
+        while (k < tl && k + 1 < sizeof rev && isxdigit((unsigned char)txt[k]))
+            rev[k] = txt[k], k++;
+        rev[k] = 0;
+    }
+    free(txt);
+    dt_error_clear();
+    struct stat sb;
+    char snap[4800] = "";
+    if (rev[0])
+        snprintf(snap, sizeof snap, "%s/snapshots/%s", repo, rev);
+    if (!rev[0] || stat(snap, &sb) != 0 || !S_ISDIR(sb.st_mode)) { /* no ref: its only snapshot */
+        snap[0] = 0;
+        char sd[4400];
+        snprintf(sd, sizeof sd, "%s/snapshots", repo);
+        DIR *d = opendir(sd);
+        int found = 0;
+        for (struct dirent *de; d && (de = readdir(d));)
+            if (de->d_name[0] != '.' && found++ == 0)
+                snprintf(snap, sizeof snap, "%s/%s", sd, de->d_name);
+        if (d)
+            closedir(d);
+        if (found != 1)
+            snap[0] = 0;
+    }
+    if (!snap[0] || (size_t)snprintf(out, n, "%s", snap) >= n) {
+        out[0] = 0;
+        return dt_error(DT_ERR_NOT_FOUND, "the Hugging Face hub cache %s holds no snapshot of %s (download it "
+                        "first: hf download %s)", cache, repo_id, repo_id);
+    }
+    return DT_OK;
+}
+
 dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
 {
     if (!dir || !out)
@@ -539,6 +616,15 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
     char *txt = NULL;
     size_t len = 0;
     dt_status st = dt_file_read_all(path, MAX_CONFIG_BYTES, &txt, &len);
+    struct stat sb;
+    char snap[4600];
+    dt_status hub = st == DT_ERR_NOT_FOUND && stat(dir, &sb) != 0 ? dt_hf_hub_snapshot(dir, snap, sizeof snap)
+                                                                  : DT_ERR_INVALID_ARG;
+    if (hub == DT_ERR_NOT_FOUND) /* a repository id the cache lacks */
+        return dt_error(st, "%s: no such directory; as a Hugging Face Hub id: %s", dir, dt_last_error());
+    if (hub == DT_OK)
+        return dt_error(st, "%s: no such directory; the Hugging Face hub cache holds it at %s: give that directory",
+                        dir, snap);
     if (st < 0)
         return st == DT_ERR_NOT_FOUND ? dt_error(st, "%s: no %s (not a Hugging Face model directory)", dir,
                                                  CONFIG_NAME)

@@ -6,6 +6,7 @@
  * and dt_escape leaves them unchanged. */
 #include "cmd.h"
 #include "dtrain/base.h"
+#include "dtrain/models.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -229,4 +230,24 @@ int dt__cli_which(const char *prog, char *out, size_t outn, char *why, size_t wh
         p = e + 1;
     }
     return which_fail(why, whyn, "%s", "not found on PATH");
+}
+
+const char *dt__cli_hf_model(const char *v)
+{
+    struct stat sb;
+    char snap[4800];
+    if (!v || strncmp(v, "hf:", 3) || !v[3] || stat(v + 3, &sb) == 0)
+        return v;
+    if (dt_hf_hub_snapshot(v + 3, snap, sizeof snap) < 0) {
+        dt_error_clear(); /* the loader says it, with its own flag */
+        return v;
+    }
+    static char *kept[16]; /* reachable until the end (a command resolves one or two names) */
+    static int nkept;
+    char *r = nkept < 16 ? malloc(strlen(snap) + 4) : NULL;
+    if (!r)
+        return v;
+    snprintf(r, strlen(snap) + 4, "hf:%s", snap);
+    kept[nkept] = r;
+    return kept[nkept++];
 }

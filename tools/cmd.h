@@ -102,6 +102,11 @@ int dt__cli_out_file(const char *who, const char *flag, const char *path);
 /* Whether a and b name one file: the same string, or both exist and are the
  * same inode (an output that would replace an input: refuse it). */
 bool dt__cli_same_file(const char *a, const char *b);
+/* --model hf:X: v itself when X exists (a directory) or v is no hf: model; else X as a Hugging Face Hub id
+ * ("org/name", as from_pretrained takes it) whose snapshot the hub cache holds: "hf:SNAPSHOT" (dt_hf_hub_snapshot,
+ * models.h; kept for the process's life). Not in the cache: v, whose directory the model's loader then refuses,
+ * saying where it looked. */
+const char *dt__cli_hf_model(const char *v);
 /* Where execvp would find prog as an executable file (a name with a '/' as
  * it is, else along PATH; a directory or a file without execute permission
  * does not count): 0 and its path in out (outn bytes; out may be NULL), or

@@ -407,7 +407,7 @@ int dt_cmd_ckpt(int argc, char **argv)
         else if (!strcmp(argv[i], "--hf") && i + 1 < argc)
             hf = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            model = argv[++i];
+            model = dt__cli_hf_model(argv[++i]);
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
             tokenizer = argv[++i];
         else if (!strcmp(argv[i], "--hf-shard-size") && i + 1 < argc) {

@@ -118,7 +118,7 @@ int dt_cmd_eval(int argc, char **argv)
         }
         /* --model hf:DIR names its weights too; --data tokens:FILE is the evaluation's data */
         if (!strcmp(argv[i], "--model") && i + 1 < argc && !strncmp(argv[i + 1], "hf:", 3))
-            hf = argv[i + 1] + 3;
+            hf = dt__cli_hf_model(argv[i + 1]) + 3;
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             data_arg = argv[i + 1];
         if (!strcmp(argv[i], "--val-data") && i + 1 < argc)

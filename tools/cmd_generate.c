@@ -322,7 +322,7 @@ int dt_cmd_generate(int argc, char **argv)
         }
         i++;
         if (!strcmp(a, "--model"))
-            model = v;
+            model = dt__cli_hf_model(v);
         else if (!strcmp(a, "--prompt-ids"))
             ids = v;
         else if (!strcmp(a, "--vocab"))

@@ -302,7 +302,7 @@ int dt_cmd_plan(int argc, char **argv)
         if (takes && !v)
             return dt__cli_err("dtrain plan: %s needs a value\n", a), usage(stderr), 2;
         if (!strcmp(a, "--model"))
-            model = v, i++;
+            model = dt__cli_hf_model(v), i++;
         else if (!strcmp(a, "--calib"))
             calib = v, i++;
         else if (!strcmp(a, "--precision"))

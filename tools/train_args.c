@@ -510,8 +510,8 @@ static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
         return 0;
     case OPT_CHOICE: {
         size_t n = strlen(v);
-        if (strstr(d->choices, "|hf:DIR") && !strncmp(v, "hf:", 3) && v[3]) { /* a model directory */
-            *(const char **)base = v;
+        if (strstr(d->choices, "|hf:DIR") && !strncmp(v, "hf:", 3) && v[3]) { /* a model directory (or a Hub id) */
+            *(const char **)base = dt__cli_hf_model(v);
             return 0;
         }
         for (const char *c = d->choices; *c;) {

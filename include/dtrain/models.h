@@ -470,6 +470,18 @@ DT_API dt_status dt_hf_save_lock_open(const char *out, dt_hf_save_lock **lock);
  * locked, it is removed (a run that failed before it saved leaves nothing).
  * NULL: nothing. */
 DT_API void dt_hf_save_lock_close(dt_hf_save_lock *lock);
+/* The local copy of Hugging Face Hub model repo_id ("org/name", or
+ * "name") that huggingface_hub's cache holds (from_pretrained,
+ * snapshot_download and `hf download` leave it there), into out[0, n):
+ * CACHE/models--org--name/snapshots/REV, REV the commit its refs/main
+ * names (else its only snapshot); CACHE is $HF_HUB_CACHE, else
+ * $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+ * ~/.cache/huggingface/hub, huggingface_hub's order. DT_ERR_NOT_FOUND
+ * naming the directory looked in when the cache holds no snapshot of it;
+ * DT_ERR_INVALID_ARG when repo_id is not a repository id (a path: one
+ * starting with / or ., two slashes, characters other than letters,
+ * digits, '-', '_' and '.'). */
+DT_API dt_status dt_hf_hub_snapshot(const char *repo_id, char *out, size_t n);
 /* True when model name is "hf:DIR" and DIR/tokenizer.json is a regular
  * file; its path is then in path[0, n). The tokenizer a run from DIR writes
  * with dt_hf_save when not told another. */

@@ -9,6 +9,7 @@
  * then 10 AdamW steps follow PyTorch's losses within 1e-5 (relative). */
 #include "model_util.h"
 #include "test.h"
+#include "tmp_util.h"
 
 #include "dtrain/autograd.h"
 #include "dtrain/ckpt.h"
@@ -768,6 +769,52 @@ TEST(config_gpt2_sizes)
     }
 }
 
+/* dt_hf_hub_snapshot: huggingface_hub's cache order (HF_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub),
+ * refs/main's commit, else the only snapshot; a name that is a path is no repository id. */
+TEST(hub_snapshot_lookup)
+{
+    char root[400], cmd[3000], out[4800];
+    snprintf(root, sizeof root, "%s/hubroot", t_tmpdir("hf"));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s/a/hub/models--org--m/snapshots/aa11' "
+             "'%s/a/hub/models--org--m/snapshots/bb22' '%s/a/hub/models--org--m/refs' "
+             "'%s/x/huggingface/hub/models--solo/snapshots/cc33' && printf 'bb22\\n' > "
+             "'%s/a/hub/models--org--m/refs/main'", root, root, root, root, root, root);
+    ASSERT_EQ_INT(system(cmd), 0);
+    const char *names[] = {"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"};
+    char *saved[4];
+    for (int i = 0; i < 4; i++) {
+        const char *v = getenv(names[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        unsetenv(names[i]);
+    }
+    char v[500];
+    snprintf(v, sizeof v, "%s/a", root);
+    setenv("HF_HOME", v, 1);
+    ASSERT_OK(dt_hf_hub_snapshot("org/m", out, sizeof out)); /* refs/main's, of two */
+    ASSERT_STR_CONTAINS(out, "/a/hub/models--org--m/snapshots/bb22");
+    ASSERT_EQ_INT(dt_hf_hub_snapshot("solo", out, sizeof out), DT_ERR_NOT_FOUND);
+    ASSERT_STR_CONTAINS(dt_last_error(), "/a/hub holds no snapshot of solo");
+    snprintf(v, sizeof v, "%s/x", root);
+    setenv("XDG_CACHE_HOME", v, 1);
+    unsetenv("HF_HOME");
+    ASSERT_OK(dt_hf_hub_snapshot("solo", out, sizeof out)); /* no refs: its only snapshot */
+    ASSERT_STR_CONTAINS(out, "/x/huggingface/hub/models--solo/snapshots/cc33");
+    snprintf(v, sizeof v, "%s/a/hub", root);
+    setenv("HF_HUB_CACHE", v, 1); /* first in the order */
+    ASSERT_OK(dt_hf_hub_snapshot("org/m", out, sizeof out));
+    ASSERT_EQ_INT(dt_hf_hub_snapshot("solo", out, sizeof out), DT_ERR_NOT_FOUND);
+    const char *bad[] = {"../x", "/abs", "./x", "a/b/c", "a..b/c", "", "org/", "o rg/m"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ASSERT_EQ_INT(dt_hf_hub_snapshot(bad[i], out, sizeof out), DT_ERR_INVALID_ARG);
+    for (int i = 0; i < 4; i++) {
+        if (saved[i])
+            setenv(names[i], saved[i], 1);
+        else
+            unsetenv(names[i]);
+        free(saved[i]);
+    }
+}
+
 int main(void)
 {
     RUN(config_read);
@@ -806,5 +853,6 @@ int main(void)
     RUN(gemma3_adamw_steps);
     RUN(gemma3_image_text_parity);
     RUN(image_text_dir_reads_as_language_model);
+    RUN(hub_snapshot_lookup);
     return TEST_REPORT();
 }

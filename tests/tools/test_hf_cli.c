@@ -1250,6 +1250,47 @@ TEST(hub_cache_layout)
     ASSERT_STR_CONTAINS(r.err, "config.json: is a symlink (not followed)");
 }
 
+/* --model hf:ORG/NAME, as from_pretrained takes a Hub id: the snapshot huggingface_hub's cache holds
+ * (HF_HUB_CACHE, else HF_HOME/hub, ...; refs/main names it, its files links into blobs/) trains, evaluates and
+ * generates as its directory does; an id the cache lacks is refused naming the cache and how to fill it (it was "no
+ * config.json (not a Hugging Face model directory)"). */
+TEST(hub_id_from_the_cache)
+{
+    char cache[600], cmd[3000];
+    snprintf(cache, sizeof cache, "%s/hub_cache", cli_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "R='%s/models--acme--tiny-llama' && rm -rf '%s' && mkdir -p \"$R/refs\" \"$R/blobs\" "
+             "\"$R/snapshots/0123abcd\" && printf 0123abcd > \"$R/refs/main\" && for f in '%sllama'/*; do "
+             "b=$(cksum < \"$f\" | cut -d' ' -f1); cp \"$f\" \"$R/blobs/$b\"; "
+             "ln -s \"../../blobs/$b\" \"$R/snapshots/0123abcd/$(basename \"$f\")\"; done",
+             cache, cache, HF);
+    ASSERT_EQ_INT(system(cmd), 0);
+    char env[700];
+    snprintf(env, sizeof env, "HF_HUB_CACHE=%s", cache);
+    cli_result r;
+    cli_runv(&r, 120, env, (char *[]){"eval", "--model", "hf:acme/tiny-llama", "--data", "tokens:" HF "tokens.bin",
+                                      "--seq", "16", "--json", NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_NEAR(json_loss(r.out), ref_loss("llama"), 0, 1e-5);
+    ASSERT_STR_CONTAINS(r.out, "models--acme--tiny-llama/snapshots/0123abcd");
+    cli_runv(&r, 120, env, (char *[]){"generate", "--model", "hf:acme/tiny-llama", "--prompt-ids", "5,6", "--temperature",
+                                      "0", "--max-new-tokens", "3", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    char *out = cli_path("hub_hf_out");
+    cli_runv(&r, 120, env, (char *[]){"train", "--model", "hf:acme/tiny-llama", "--data", "tokens:" HF "tokens.bin",
+                                      "--seq", "16", "--no-eval", "--max-steps", "1", "--progress", "none", "--save-hf",
+                                      out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 120, env, (char *[]){"eval", "--model", "hf:acme/no-such-model", "--data", "tokens:" HF "tokens.bin",
+                                      "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "holds no snapshot of acme/no-such-model (download it first: hf download "
+                               "acme/no-such-model)");
+    ASSERT_STR_CONTAINS(r.err, cache);
+}
+
 int main(void)
 {
     RUN(eval_json);
@@ -1272,6 +1313,7 @@ int main(void)
     RUN(mistral_sliding_window);
     RUN(tied_head);
     RUN(single_file_first);
+    RUN(hub_id_from_the_cache);
     RUN(generation_config);
     RUN(generate_processors_and_beams);
     RUN(generate_sliding_window);
