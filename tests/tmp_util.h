@@ -34,6 +34,19 @@ static inline const char *t_tmpdir(const char *name)
     return dir;
 }
 
+/* Write text to dir/name, replacing it: false when it cannot. */
+static inline bool t_write_in(const char *dir, const char *name, const char *text)
+{
+    char p[1024];
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p)
+        return false;
+    FILE *f = fopen(p, "w");
+    if (!f)
+        return false;
+    const bool ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
 /* rm -rf p (a warning, not a failure, when it cannot). */
 static inline void t_rm_rf(const char *p)
 {

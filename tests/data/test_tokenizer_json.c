@@ -198,12 +198,7 @@ TEST(specials_and_decode)
 /* dir/name := text */
 static void put(const char *dir, const char *name, const char *text)
 {
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    ASSERT(f != NULL);
-    fputs(text, f);
-    fclose(f);
+    ASSERT(t_write_in(dir, name, text));
 }
 
 /* The end-of-document token is transformers' tokenizer.eos_token: a tokenizer_config.json beside the

@@ -641,12 +641,7 @@ TEST(beam_sampling)
 
 static void write_file(const char *dir, const char *name, const char *text)
 {
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    ASSERT(f != NULL);
-    fputs(text, f);
-    fclose(f);
+    ASSERT(t_write_in(dir, name, text));
 }
 
 TEST(hf_generation_config)

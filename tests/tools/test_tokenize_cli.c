@@ -299,6 +299,21 @@ TEST(train_loss_mask)
     ASSERT_STR_CONTAINS(r.err, "--loss-mask");
 }
 
+/* prompt as transformers' tokenizer(prompt) encodes it (its special tokens added), as --prompt-ids takes the ids
+ * (comma-separated into list[0, n)): their count, or -1. */
+static int64_t prompt_ids(const dt_tokenizer *t, const char *prompt, char *list, size_t n)
+{
+    uint32_t *ids;
+    int64_t k;
+    if (dt_tokenizer_encode(t, prompt, strlen(prompt), true, &ids, &k) < 0)
+        return -1;
+    list[0] = 0;
+    for (int64_t i = 0; i < k; i++)
+        snprintf(list + strlen(list), n - strlen(list), "%s%u", i ? "," : "", ids[i]);
+    free(ids);
+    return k;
+}
+
 /* dtrain generate --prompt TEXT through a tokenizer.json: --tokenizer FILE,
  * an hf:DIR model's own tokenizer.json, a --ckpt run's kept one; the text
  * printed is the tokenizer's decoding of the ids generate --prompt-ids
@@ -320,13 +335,9 @@ TEST(generate_with_tokenizer)
     dt_tokenizer *t = NULL;
     ASSERT_OK(dt_tokenizer_load(tok, &t));
     const char *prompt = "And God said";
-    uint32_t *pids;
-    int64_t np;
-    ASSERT_OK(dt_tokenizer_encode(t, prompt, strlen(prompt), true, &pids, &np));
-    char list[256] = "";
-    for (int64_t i = 0; i < np; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%u", i ? "," : "", pids[i]);
-    free(pids);
+    char list[256];
+    const int64_t np = prompt_ids(t, prompt, list, sizeof list);
+    ASSERT(np > 0);
     cli_runv(&r, 60, NULL,
              (char *[]){"generate", "--model", hfm, "--prompt-ids", list, "--temperature", "0", "--max-new-tokens",
                         "12", NULL});
@@ -635,13 +646,8 @@ TEST(generate_stops_at_the_tokenizers_eos)
     dt_tokenizer *t = NULL;
     ASSERT_OK(dt_tokenizer_load(src, &t));
     const char *prompt = "In the beginning";
-    uint32_t *pids;
-    int64_t np;
-    ASSERT_OK(dt_tokenizer_encode(t, prompt, strlen(prompt), true, &pids, &np));
-    char list[256] = "";
-    for (int64_t i = 0; i < np; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%u", i ? "," : "", pids[i]);
-    free(pids);
+    char list[256];
+    ASSERT(prompt_ids(t, prompt, list, sizeof list) > 0);
     char vs[32];
     snprintf(vs, sizeof vs, "%lld", (long long)dt_tokenizer_vocab_size(t));
     cli_result r; /* the first token the untrained model picks after the prompt */
