@@ -52,17 +52,8 @@ dt_hf_save_params dt_hf_save_params_default(void)
 }
 
 struct dt_hf_save_lock {
-    int fd;
-    char *out;    /* the name without its trailing slashes */
-    bool made;    /* open created the directory */
+    dt_dir_hold *hold;
 };
-
-/* Whether name still leads to the directory fd holds (not a new one made after a rename or rmdir). */
-static bool same_dir(int fd, const char *name)
-{
-    struct stat a, b;
-    return fstat(fd, &a) == 0 && lstat(name, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
 
 dt_status dt_hf_save_lock_open(const char *out, dt_hf_save_lock **lock)
 {
@@ -71,30 +62,20 @@ dt_status dt_hf_save_lock_open(const char *out, dt_hf_save_lock **lock)
     *lock = NULL;
     char name[TMP_PATH - 16];
     dt_status st = dt_path_trim_slashes(out, name, sizeof name);
-    if (st < 0 || (st = dt_hf_save_check_out(name)) < 0 || (st = dt_dir_make_parent(name)) < 0)
+    if (st < 0 || (st = dt_hf_save_check_out(name)) < 0)
         return st;
     dt_hf_save_lock *l = calloc(1, sizeof *l);
-    if (!l || !(l->out = strdup(name))) {
-        free(l);
+    if (!l)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", out);
-    }
-    l->fd = -1;
-    l->made = mkdir(name, 0755) == 0;
-    if (!l->made && errno != EEXIST) {
-        st = dt_error(DT_ERR_IO, "cannot create the output directory %s: %s", out, strerror(errno));
-        goto fail;
-    }
-    if ((st = dt_dir_lock(name, &l->fd)) < 0) {
+    if ((st = dt_dir_hold_open(name, &l->hold)) < 0) {
         char why[600];
         snprintf(why, sizeof why, "%s", dt_last_error());
-        if (st == DT_ERR_STATE)
-            l->made = false; /* the holder's, whoever made it */
         st = dt_error(st, "the output directory %s%s", why,
                       st == DT_ERR_STATE ? "; give each job its own output directory" : "");
         goto fail;
     }
     /* filled or replaced between the check and the lock: another writer was first */
-    if (!same_dir(l->fd, name) || (st = dt_hf_save_check_out(name)) < 0) {
+    if (!dt_dir_hold_same(l->hold) || (st = dt_hf_save_check_out(name)) < 0) {
         if (st >= 0)
             st = dt_error(DT_ERR_STATE, "the output directory %s was replaced while it was being locked; another "
                           "job writes there: give each job its own output directory", out);
@@ -111,13 +92,9 @@ void dt_hf_save_lock_close(dt_hf_save_lock *l)
 {
     if (!l)
         return;
-    /* a directory this lock made and nothing filled: removed (a run that failed before its save leaves no
-       trace), but only while the name still leads to it: never another job's */
-    if (l->made && l->fd >= 0 && same_dir(l->fd, l->out))
-        rmdir(l->out);
-    if (l->fd >= 0)
-        close(l->fd);
-    free(l->out);
+    /* a directory this lock made (and parents) that nothing filled: removed (a run that failed before its save
+       leaves no trace), while the name still leads to it: never another job's, nor the saved one renamed over it */
+    dt_dir_hold_close(l->hold, true);
     free(l);
 }
 
@@ -699,8 +676,9 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     dt_hf_save_lock *own = NULL;
     const dt_hf_save_lock *lock = p.lock;
     dt_status st;
-    if (lock && strcmp(lock->out, out))
-        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: the lock given is on %s, not on %s", lock->out, out);
+    if (lock && strcmp(dt_dir_hold_path(lock->hold), out))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: the lock given is on %s, not on %s",
+                        dt_dir_hold_path(lock->hold), out);
     if (lock ? (st = dt_hf_save_check_out(out)) < 0 : (st = dt_hf_save_lock_open(out, &own)) < 0)
         return st;
     if (!lock)
@@ -799,7 +777,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     /* out is the empty directory locked above (or gone): it is replaced. Anything else there now was put by
        a writer that took no lock: the complete model stays in tmp, named */
     struct stat sb;
-    const bool ours = lstat(out, &sb) != 0 || same_dir(lock->fd, out);
+    const bool ours = lstat(out, &sb) != 0 || dt_dir_hold_same(lock->hold);
     if (ours)
         rmdir(out);
     if (ours && (st = dt_file_rename(tmp, out)) >= 0) {

@@ -80,15 +80,7 @@ static void cleanup(dt__train_run *t)
     if (t->tr && t->failed && t->saved_step < 0)
         dt_trainer_save_abandon(t->tr); /* a run that failed before it saved leaves no empty --save DIR behind */
     dt_hf_save_lock_close(t->hf_lock);  /* and no empty --save-hf OUT */
-    if (t->lora_lock >= 0) {              /* nor a --save-lora DIR it made and left empty, nor its parents */
-        struct stat a, b;
-        char *d = t->lora_dir, *cut;
-        if (t->failed && t->lora_made && fstat(t->lora_lock, &a) == 0 && lstat(d, &b) == 0 &&
-            a.st_dev == b.st_dev && a.st_ino == b.st_ino)
-            while (rmdir(d) == 0 && (cut = strrchr(d, '/')) && cut > d && (size_t)(cut - d) >= t->lora_made)
-                *cut = 0; /* the parent, while it is one the run made (rmdir: only when empty) */
-        close(t->lora_lock);
-    }
+    dt_dir_hold_close(t->lora_hold, t->failed); /* nor a --save-lora DIR it made and left empty, nor parents */
     dt_loader_free(t->train_loader);
     dt_loader_free(t->test_loader);
     dt_sampler_free(t->train_sampler);
@@ -166,7 +158,6 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
     t->resumed_step = -1; /* a fresh run until dt__tr_setup_resume loads a checkpoint */
     t->saved_step = -1;
     t->eval_step = -1;
-    t->lora_lock = -1;
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
         rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */

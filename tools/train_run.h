@@ -83,10 +83,7 @@ typedef struct {
     bool first_shown;             /* "first step ..." printed */
     char trace[4096];             /* --trace DIR ("" = off): merged at the end */
     dt_hf_save_lock *hf_lock;     /* rank 0: --save-hf OUT, held from the start (NULL: none) */
-    int lora_lock;                /* rank 0: --save-lora DIR held from the start (dt_dir_lock; -1: none) */
-    char lora_dir[4096];          /* ... without its trailing slashes */
-    size_t lora_made;             /* ... the length of the part of lora_dir the run made (0: none; the whole
-                                     name: DIR alone; shorter: a parent too) */
+    dt_dir_hold *lora_hold;       /* rank 0: --save-lora DIR, held from the start (NULL: none) */
     dt_monitor *monitor;          /* rank 0: --tensorboard / the config's monitors (the trainer writes) */
     bool wall_clock;              /* the config's wall_clock_breakdown: each step's times printed */
     double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */

@@ -287,22 +287,10 @@ int dt__tr_setup_save(dt__train_run *t)
     /* DIR held by the rank that writes it, from now to the end (made now when missing, removed again if the run
        fails before it saves): two jobs given one DIR wrote their adapter_config.json and weights in turn, so the
        pair left could be one job's config beside the other's weights */
-    if (t->o.save_lora && dt__ddp_is_main(&t->ddp)) {
-        snprintf(t->lora_dir, sizeof t->lora_dir, "%s", sl);
-        char up[4096]; /* the first directory of the name that is missing: all from there on is made here */
-        snprintf(up, sizeof up, "%s", sl);
-        for (char *cut; lstat(up, &sb) != 0; *cut = 0) {
-            t->lora_made = strlen(up);
-            if (!(cut = strrchr(up, '/')) || cut == up)
-                break;
-        }
-        if (dt_dir_make(sl) < 0)
-            return dt__tr_fail(dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2, "--save-lora");
-        if (dt_dir_lock(sl, &t->lora_lock) < 0) {
-            dt__cli_err("dtrain train: --save-lora: %s%s\n", dt_last_error(),
-                        dt_last_status() == DT_ERR_STATE ? "; give each job its own adapter directory" : "");
-            return 2;
-        }
+    if (t->o.save_lora && dt__ddp_is_main(&t->ddp) && dt_dir_hold_open(sl, &t->lora_hold) < 0) {
+        dt__cli_err("dtrain train: --save-lora: %s%s\n", dt_last_error(),
+                    dt_last_status() == DT_ERR_STATE ? "; give each job its own adapter directory" : "");
+        return dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
     }
     if (!t->o.save)
         return 0;

@@ -431,6 +431,31 @@ DT_API dt_status dt_dir_make_parent(const char *path);
  * symlink or not a directory, DT_ERR_IO when it cannot be opened. A file
  * system without flock on directories: DT_OK, the directory unlocked. */
 DT_API dt_status dt_dir_lock(const char *dir, int *fd);
+/* A directory held for one job's output from its start to its end: made
+ * when missing (with its missing parents, never through a symlink) and
+ * held (dt_dir_lock). dt_dir_hold_close(h, true) lets go and removes what
+ * open made when it is still empty: the directory, then each parent open
+ * made, but only while the name still leads to the directory held (never
+ * one that replaced it, another job's or a rename's). A job that failed
+ * before it wrote leaves nothing behind:
+ *
+ *     dt_dir_hold *h;
+ *     if (dt_dir_hold_open("out/adapter", &h) < 0) return 2; // held by another job: DT_ERR_STATE
+ *     ... train, then write into dt_dir_hold_path(h) ...
+ *     dt_dir_hold_close(h, failed);
+ *
+ * Errors as dt_dir_make and dt_dir_lock (DT_ERR_STATE names the directory;
+ * a directory open made for a holder that lost the race stays: it is the
+ * holder's). */
+typedef struct dt_dir_hold dt_dir_hold;
+DT_API dt_status dt_dir_hold_open(const char *dir, dt_dir_hold **out);
+/* The held directory's name, without its trailing slashes. NULL for NULL. */
+DT_API const char *dt_dir_hold_path(const dt_dir_hold *h);
+/* Whether the name still leads to the directory held (false once renamed
+ * over or removed and made again). */
+DT_API bool dt_dir_hold_same(const dt_dir_hold *h);
+/* Let go; remove_made: also remove what open made, as above. NULL: no-op. */
+DT_API void dt_dir_hold_close(dt_dir_hold *h, bool remove_made);
 
 /* ---- threads ---------------------------------------------------------- */
 /* Compute threads used by kernels (OpenMP). 0 = library default

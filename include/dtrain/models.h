@@ -461,14 +461,15 @@ DT_API dt_status dt_hf_save_check_out(const char *out);
 /* Hold out for a dt_hf_save to come, so that a second writer given the
  * same out is refused now, not when it saves: out is checked as
  * dt_hf_save_check_out does, made (with its missing parents) when it does
- * not exist, and locked (flock) until dt_hf_save_lock_close or the
- * process's end. DT_ERR_STATE when another process holds it; a file system
- * without flock on directories leaves it unlocked (the checks stand).
- * Pass the lock to dt_hf_save in dt_hf_save_params.lock. */
+ * not exist, and locked (flock; dt_dir_hold, base.h) until
+ * dt_hf_save_lock_close or the process's end. DT_ERR_STATE when another
+ * process holds it; a file system without flock on directories leaves it
+ * unlocked (the checks stand). Pass the lock to dt_hf_save in
+ * dt_hf_save_params.lock. */
 DT_API dt_status dt_hf_save_lock_open(const char *out, dt_hf_save_lock **lock);
 /* Let go of out; when the lock made it and it is still the empty directory
- * locked, it is removed (a run that failed before it saved leaves nothing).
- * NULL: nothing. */
+ * locked, it is removed, with the parents the lock made (a run that failed
+ * before it saved leaves nothing). NULL: nothing. */
 DT_API void dt_hf_save_lock_close(dt_hf_save_lock *lock);
 /* The local copy of Hugging Face Hub model repo_id ("org/name", or
  * "name") that huggingface_hub's cache holds (from_pretrained,

@@ -250,12 +250,14 @@ dt_status dt_dir_lock(const char *dir, int *fd)
     return DT_OK; /* (any other failure: a file system without flock on directories, left unlocked) */
 }
 
-dt_status dt_dir_make(const char *path)
+/* dt_dir_make into name (path without its trailing slashes); *made: the
+ * length of the first level of name this call created (0: none). */
+static dt_status make_levels(const char *path, char *name, size_t cap, size_t *made)
 {
+    *made = 0;
     if (!path || !path[0])
         return dt_error(DT_ERR_INVALID_ARG, "dt_dir_make: %s path", path ? "empty" : "NULL");
-    char name[4096];
-    dt_status st = dt_path_trim_slashes(path, name, sizeof name);
+    dt_status st = dt_path_trim_slashes(path, name, cap);
     if (st < 0)
         return st;
     /* each missing level in turn; one that exists (or appears meanwhile) is taken as it is */
@@ -267,6 +269,8 @@ dt_status dt_dir_make(const char *path)
         const int rc = mkdir(name, 0755), e = errno;
         if (rc < 0 && e != EEXIST)
             return dt_error(DT_ERR_IO, "%s: cannot make the directory %s: %s", path, name, strerror(e));
+        if (rc == 0 && !*made)
+            *made = (size_t)(q - name);
         if (end)
             break;
         *q = '/';
@@ -279,6 +283,13 @@ dt_status dt_dir_make(const char *path)
     if (!S_ISDIR(sb.st_mode))
         return dt_error(DT_ERR_INVALID_ARG, "%s: not a directory", path);
     return DT_OK;
+}
+
+dt_status dt_dir_make(const char *path)
+{
+    char name[4096];
+    size_t made;
+    return make_levels(path, name, sizeof name, &made);
 }
 
 dt_status dt_dir_make_parent(const char *path)
@@ -294,4 +305,54 @@ dt_status dt_dir_make_parent(const char *path)
         return DT_OK;
     *sl = 0;
     return dt_dir_make(par);
+}
+
+struct dt_dir_hold {
+    int fd;         /* the directory, open and flock'd (unlocked on a file system without flock on directories) */
+    size_t made;    /* the length of the first level of name open made (0: none) */
+    char name[4096];
+};
+
+dt_status dt_dir_hold_open(const char *dir, dt_dir_hold **out)
+{
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_dir_hold_open: NULL argument");
+    *out = NULL;
+    dt_dir_hold *h = calloc(1, sizeof *h);
+    if (!h)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_dir_hold_open: out of memory");
+    h->fd = -1;
+    dt_status st = make_levels(dir, h->name, sizeof h->name, &h->made);
+    if (st >= 0)
+        st = dt_dir_lock(h->name, &h->fd);
+    if (st < 0) {
+        h->made = 0; /* made and then held by another job: the holder's now */
+        dt_dir_hold_close(h, false);
+        return st;
+    }
+    *out = h;
+    return DT_OK;
+}
+
+const char *dt_dir_hold_path(const dt_dir_hold *h) { return h ? h->name : NULL; }
+
+bool dt_dir_hold_same(const dt_dir_hold *h)
+{
+    struct stat a, b;
+    return h && h->fd >= 0 && fstat(h->fd, &a) == 0 && lstat(h->name, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+void dt_dir_hold_close(dt_dir_hold *h, bool remove_made)
+{
+    if (!h)
+        return;
+    /* what open made and nothing filled: the directory, then each parent open made (rmdir: only when empty) */
+    if (remove_made && h->made && dt_dir_hold_same(h))
+        for (char *cut; rmdir(h->name) == 0 && (cut = strrchr(h->name, '/')) && cut > h->name &&
+                        (size_t)(cut - h->name) >= h->made;)
+            *cut = 0;
+    if (h->fd >= 0)
+        close(h->fd);
+    free(h);
 }

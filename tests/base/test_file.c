@@ -262,7 +262,6 @@ TEST(path_trim_slashes)
     ASSERT_STATUS(dt_path_trim_slashes(NULL, b, sizeof b), DT_ERR_NULL);
 }
 
-/* dt_dir_make_parent: the missing directories above a path, not the path itself; a symlink among them refused. */
 /* dt_dir_lock: one holder at a time (a second open file, in this process too, is refused with DT_ERR_STATE
  * and leaves no descriptor), let go at close; a symlink or a file is not a directory to hold. */
 TEST(dir_lock_one_holder)
@@ -291,6 +290,7 @@ TEST(dir_lock_one_holder)
     ASSERT_STR_CONTAINS(dt_last_error(), "not a directory");
 }
 
+/* dt_dir_make_parent: the missing directories above a path, not the path itself; a symlink among them refused. */
 TEST(dir_make_parent)
 {
     char p[256], q[256];
@@ -313,6 +313,72 @@ TEST(dir_make_parent)
     ASSERT_STATUS(dt_dir_make_parent(p), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "symlink");
     ASSERT_STATUS(dt_dir_make_parent(""), DT_ERR_INVALID_ARG);
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat sb;
+    return lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* dt_dir_hold: made with its missing parents and held (a second holder refused, DT_ERR_STATE, its directory
+ * left alone); close(h, false) keeps what was made; close(h, true) removes what open made while it is empty and
+ * still the directory held: never a parent that was there before, a filled one, or one that replaced it. */
+TEST(dir_hold)
+{
+    char base[256], d[256], p[256];
+    path_in(base, sizeof base, "hold");
+    ASSERT_EQ_INT(mkdir(base, 0755), 0);
+    path_in(d, sizeof d, "hold/a/b/c/");
+    dt_dir_hold *h = NULL, *h2 = (dt_dir_hold *)1;
+    ASSERT_OK(dt_dir_hold_open(d, &h));
+    path_in(p, sizeof p, "hold/a/b/c");
+    ASSERT_STR_EQ(dt_dir_hold_path(h), p);
+    ASSERT(is_dir(p) && dt_dir_hold_same(h));
+    ASSERT_STATUS(dt_dir_hold_open(p, &h2), DT_ERR_STATE);
+    ASSERT(h2 == NULL && is_dir(p)); /* the refused one removed nothing */
+    ASSERT_STR_CONTAINS(dt_last_error(), "another job");
+    dt_dir_hold_close(h, true); /* all three levels made here, all empty: gone, the base stays */
+    path_in(p, sizeof p, "hold/a");
+    ASSERT(!is_dir(p) && is_dir(base));
+
+    /* a parent that was there stays; a filled directory stays */
+    path_in(d, sizeof d, "hold/x/y");
+    ASSERT_OK(dt_dir_hold_open(d, &h));
+    dt_dir_hold_close(h, false); /* kept */
+    ASSERT(is_dir(d));
+    ASSERT_EQ_INT(rmdir(d), 0);
+    ASSERT_OK(dt_dir_hold_open(d, &h)); /* now only y is made */
+    dt_dir_hold_close(h, true);
+    path_in(p, sizeof p, "hold/x");
+    ASSERT(!is_dir(d) && is_dir(p));
+    ASSERT_OK(dt_dir_hold_open(d, &h));
+    path_in(p, sizeof p, "hold/x/y/saved");
+    put(p, "kept");
+    dt_dir_hold_close(h, true);
+    ASSERT_STR_EQ(slurp(p), "kept");
+
+    /* replaced after open (renamed aside, a new one made at the name): the new one is not removed */
+    path_in(d, sizeof d, "hold/r");
+    ASSERT_OK(dt_dir_hold_open(d, &h));
+    path_in(p, sizeof p, "hold/r-aside");
+    ASSERT_EQ_INT(rename(d, p), 0);
+    ASSERT_EQ_INT(mkdir(d, 0755), 0);
+    ASSERT(!dt_dir_hold_same(h));
+    dt_dir_hold_close(h, true);
+    ASSERT(is_dir(d) && is_dir(p));
+
+    /* a symlink or a file in the way: refused, nothing made */
+    path_in(p, sizeof p, "hold/link");
+    ASSERT_EQ_INT(symlink(d, p), 0);
+    ASSERT_STATUS(dt_dir_hold_open(p, &h2), DT_ERR_INVALID_ARG);
+    ASSERT(h2 == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "symlink");
+    path_in(p, sizeof p, "hold/x/y/saved/z");
+    ASSERT(dt_dir_hold_open(p, &h2) < 0);
+    ASSERT(h2 == NULL);
+    dt_dir_hold_close(NULL, true);
+    ASSERT(dt_dir_hold_path(NULL) == NULL && !dt_dir_hold_same(NULL));
 }
 
 /* The Hugging Face hub cache's layout, REPO/snapshots/REV/NAME -> ../../blobs/HASH: those links are
@@ -391,6 +457,7 @@ int main(void)
     RUN(path_trim_slashes);
     RUN(dir_make_parent);
     RUN(dir_lock_one_holder);
+    RUN(dir_hold);
     RUN(hf_cache_links);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

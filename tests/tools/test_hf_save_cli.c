@@ -445,6 +445,13 @@ TEST(save_hf_one_writer)
                         "--init-from", cli_path("no_such_ckpt"), "--save-hf", gone, NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT(!file_exists(gone));
+    char *nested = cli_path("gone_parent_hf/a/out"), *nested_top = cli_path("gone_parent_hf");
+    cli_runv(&r, 120, NULL, /* nor the parents the run made for it */
+             (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
+                        "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "1", "--progress", "none",
+                        "--init-from", cli_path("no_such_ckpt"), "--save-hf", nested, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(!file_exists(nested_top));
     /* OUT replaced while held (a writer that took no lock made it anew): the model is kept beside it, named,
        and the other's OUT is left alone */
     char *raced = cli_path("raced_hf"), tmp[700];
