@@ -897,8 +897,22 @@ static ct_node *postfix(parser *p, ct_node *n)
                 g->b = lo;
                 n = g;
             }
-            if (is_op(cur(p), ","))
-                ct_fail(p->c, cur(p)->line, DT_ERR_UNSUPPORTED, "subscripts with several indices (x[a, b])");
+            if (is_op(cur(p), ",")) { /* x[a, b]: the tuple (a, b) is the key */
+                if (n->k == N_SLICE)
+                    ct_fail(p->c, cur(p)->line, DT_ERR_UNSUPPORTED, "slices in a subscript of several items");
+                kids k = {0};
+                kids_push(p, &k, n->b, NULL);
+                while (is_op(cur(p), ",")) {
+                    nxt(p);
+                    if (is_op(cur(p), "]"))
+                        break;
+                    kids_push(p, &k, expr(p, true), NULL);
+                }
+                ct_node *tup = node(p, N_TUPLE, t->line);
+                tup->kids = k.v;
+                tup->nk = k.n;
+                n->b = tup;
+            }
             nest(p, -1);
             expect_op(p, "]");
         } else if (is_op(t, "(")) {
@@ -912,18 +926,32 @@ static ct_node *postfix(parser *p, ct_node *n)
     }
 }
 
+/* A filter or test name: name(.name)*, as jinja2 reads it. */
+static const char *dotted_name(parser *p)
+{
+    const char *name = expect_name(p);
+    while (is_op(cur(p), ".")) {
+        nxt(p);
+        const char *more = expect_name(p);
+        size_t a = strlen(name), b = strlen(more);
+        char *s = ct_alloc(p->c, a + b + 2);
+        memcpy(s, name, a);
+        s[a] = '.';
+        memcpy(s + a + 1, more, b + 1);
+        name = s;
+    }
+    return name;
+}
+
 static ct_node *filter_one(parser *p, ct_node *n)
 {
     int line = cur(p)->line;
-    const char *name = expect_name(p);
+    const char *name = dotted_name(p);
     bool supported;
-    if (!ct_filter_known(name, &supported))
-        ct_fail(p->c, line, DT_ERR_FORMAT, "no filter named '%s'", name);
-    if (!supported)
-        ct_fail(p->c, line, DT_ERR_UNSUPPORTED, "the '%s' filter", name);
     ct_node *f = node(p, N_FILTER, line);
     f->a = n;
     f->name = name;
+    f->len = !ct_filter_known(name, &supported); /* unknown: an error where jinja2 makes it one (check_names) */
     if (is_op(cur(p), "("))
         call_args(p, f);
     return f;
@@ -944,9 +972,8 @@ static ct_node *filter_expr(parser *p, ct_node *n)
                 nxt(p);
                 g->op = 1;
             }
-            g->name = expect_name(p);
-            if (!ct_test_known(g->name))
-                ct_fail(p->c, t->line, DT_ERR_FORMAT, "no test named '%s'", g->name);
+            g->name = dotted_name(p);
+            g->len = !ct_test_known(g->name);
             ct_tok *a = cur(p);
             if (is_op(a, "(")) {
                 call_args(p, g);
@@ -1419,12 +1446,39 @@ static ct_node *body(parser *p, const char *const *ends, const char *block, int 
     return n;
 }
 
+/* jinja2's compiler refuses an unknown filter or test, except inside an if
+ * statement or an inline if (a "soft" frame: there it fails only when run,
+ * so templates can guard one with `is filter`); the bodies of loops, macros,
+ * call, filter, set and with blocks are not soft again. */
+static void check_names(ct_ctx *c, const ct_node *n, bool soft)
+{
+    if (!n)
+        return;
+    if ((n->k == N_FILTER || n->k == N_TEST) && n->len && !soft)
+        ct_fail(c, n->line, DT_ERR_FORMAT, "no %s named '%s'", n->k == N_FILTER ? "filter" : "test", n->name);
+    bool inner = soft;
+    if (n->k == N_IF || n->k == N_COND)
+        inner = true;
+    else if (n->k == N_FOR || n->k == N_MACRO || n->k == N_CALLBLOCK || n->k == N_SETBLOCK ||
+             n->k == N_FILTERBLOCK || n->k == N_WITH)
+        inner = false;
+    check_names(c, n->a, n->k == N_FOR || n->k == N_CALLBLOCK ? soft : inner);
+    check_names(c, n->b, inner);
+    check_names(c, n->c, inner);
+    check_names(c, n->d, n->k == N_FILTERBLOCK || n->k == N_SETBLOCK ? soft : inner);
+    if (n->k != N_TEXT && n->k != N_LIT)
+        for (size_t i = 0; i < n->nk; i++)
+            check_names(c, n->kids[i], inner);
+}
+
 ct_node *dt__chat_parse(ct_ctx *c, const char *src, size_t n)
 {
     lexer L = {.c = c, .s = src, .n = n};
     lex(&L);
     parser p = {.c = c, .t = L.toks, .n = L.ntoks};
-    return body(&p, NULL, NULL, 0);
+    ct_node *root = body(&p, NULL, NULL, 0);
+    check_names(c, root, false);
+    return root;
 }
 
 /* ---- entry --------------------------------------------------------------------------------- */

@@ -188,6 +188,8 @@ static ct_val *eval_args(ct_ctx *c, const ct_node *n, ct_frame *f, size_t extra)
 /* A filter node applied; an innermost NULL operand is `base` (filter blocks). */
 static ct_val eval_filter(ct_ctx *c, const ct_node *n, ct_frame *f, ct_val base)
 {
+    if (n->len)
+        ct_fail(c, n->line, DT_ERR_FORMAT, "no filter named '%s'", n->name);
     ct_val v = n->a ? (n->a->k == N_FILTER ? eval_filter(c, n->a, f, base) : eval(c, n->a, f)) : base;
     ct_val *args = eval_args(c, n, f, 0);
     return ct_filter(c, n->line, n->name, v, n->nk, args, n->names);
@@ -242,6 +244,8 @@ static ct_val eval(ct_ctx *c, const ct_node *n, ct_frame *f)
     case N_CALL: return eval_call(c, n, f, (ct_val){.k = CT_ABSENT});
     case N_FILTER: return eval_filter(c, n, f, (ct_val){.k = CT_UNDEF});
     case N_TEST: {
+        if (n->len)
+            ct_fail(c, n->line, DT_ERR_FORMAT, "no test named '%s'", n->name);
         ct_val v = eval(c, n->a, f);
         ct_val *args = eval_args(c, n, f, 0);
         return ct_bool(ct_test(c, n->line, n->name, v, n->nk, args, n->names) != (n->op != 0));
@@ -346,8 +350,9 @@ static int exec_for(ct_ctx *c, const ct_node *n, ct_frame *f)
         }
         items = kept;
     }
-    if (!items->n)
-        return n->c ? exec(c, n->c, frame_new(c, f)) : SIG_NONE;
+    /* jinja2 runs the else block unless an iteration ran its body to the end: also after a
+     * break or continue in every iteration */
+    bool completed = false;
     ct_loop *lp = ct_alloc(c, sizeof *lp);
     lp->items = items;
     for (lp->i = 0; lp->i < items->n; lp->i++) {
@@ -360,9 +365,12 @@ static int exec_for(ct_ctx *c, const ct_node *n, ct_frame *f)
         int sig = exec(c, n->b, fr);
         if (c->stores == stores)
             ct_arena_rewind(c, m);
+        completed |= sig == SIG_NONE;
         if (sig == SIG_BREAK)
             break;
     }
+    if (!completed && n->c)
+        return exec(c, n->c, frame_new(c, f));
     return SIG_NONE;
 }
 

@@ -102,6 +102,8 @@ struct ct_list {
     size_t n, cap;
     ct_val *v;
     bool tuple;
+    bool range;           /* made by range(): prints as Python's range(a, b[, step]) */
+    int64_t r_start, r_stop, r_step;
 };
 
 struct ct_dict { /* insertion-ordered, looked up by == */
@@ -139,7 +141,7 @@ struct ct_node {
     int line;
     int op;              /* N_BIN: '+', '-', '*', '/', 'f' (//), '%', 'p' (**); N_TEST: negated */
     const char *name;    /* N_NAME, N_ATTR, N_FILTER, N_TEST, N_MACRO; N_TEXT: the text */
-    size_t len;          /* N_TEXT: its length */
+    size_t len;          /* N_TEXT: its length; N_FILTER, N_TEST: 1 if jinja2 has no such one */
     ct_val lit;          /* N_LIT */
     ct_node *a, *b, *c, *d;
     ct_node **kids;      /* N_CALL/N_FILTER/N_TEST: arguments; N_LIST/N_TUPLE/N_DICT: items (dict: k, v, ...);

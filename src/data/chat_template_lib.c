@@ -453,6 +453,8 @@ static void json_val(ct_ctx *c, int line, ct_buf *b, ct_val v, const json_opts *
     case CT_STR: json_str(b, v.u.s.p, v.u.s.n, o->ascii); return;
     case CT_LIST: {
         const ct_list *l = v.u.l;
+        if (l->range)
+            ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: tojson: Object of type range is not JSON serializable");
         if (!l->n) {
             ct_buf_puts(b, "[]");
             return;
@@ -766,7 +768,7 @@ static ct_val minmax(ct_ctx *c, int line, ct_val v, const ct_val *a, bool max)
 static ct_val select_items(ct_ctx *c, int line, ct_val v, size_t n, const ct_val *args, const char *const *kw,
                            bool attr, bool keep)
 {
-    ct_list *items = ct_iter(c, line, v), *out = ct_list_new(c, items->n);
+    ct_list *items = ct_truthy(v) ? ct_iter(c, line, v) : ct_list_new(c, 0), *out = ct_list_new(c, items->n);
     size_t skip = attr ? 2 : 1;
     if (attr && (n < 1 || (kw && kw[0])))
         ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: %s needs the attribute to test",
@@ -791,7 +793,8 @@ static ct_val select_items(ct_ctx *c, int line, ct_val v, size_t n, const ct_val
 
 static ct_val f_map(ct_ctx *c, int line, ct_val v, size_t n, const ct_val *args, const char *const *kw)
 {
-    ct_list *items = ct_iter(c, line, v), *out = ct_list_new(c, items->n);
+    /* jinja2 maps and selects nothing from a false value, iterable or not */
+    ct_list *items = ct_truthy(v) ? ct_iter(c, line, v) : ct_list_new(c, 0), *out = ct_list_new(c, items->n);
     ct_tick(c, line, items->n);
     if (n && !(kw && kw[0])) { /* map('filter', args...) */
         const char *f = want_str(c, line, "map's filter name", args[0]).u.s.p;
@@ -844,6 +847,10 @@ ct_val ct_filter(ct_ctx *c, int line, const char *name, ct_val v, size_t n, cons
 {
     char what[64];
     snprintf(what, sizeof what, "the '%s' filter", name);
+    bool supported;
+    if (!ct_filter_known(name, &supported) || !supported)
+        ct_fail(c, line, supported ? DT_ERR_FORMAT : DT_ERR_UNSUPPORTED, supported ? "no filter named '%s'"
+                : "the '%s' filter", name);
     if (!strcmp(name, "map"))
         return f_map(c, line, v, n, args, kw);
     if (!strcmp(name, "select") || !strcmp(name, "reject") || !strcmp(name, "selectattr") ||
@@ -1028,8 +1035,11 @@ ct_val ct_filter(ct_ctx *c, int line, const char *name, ct_val v, size_t n, cons
     }
     if (!strcmp(name, "escape") || !strcmp(name, "e"))
         return html_escape(c, s);
-    if (!strcmp(name, "indent"))
+    if (!strcmp(name, "indent")) {
+        if (v.k != CT_STR) /* jinja2 appends "\n" to the value itself */
+            ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: indent: '%s' is not a string", ct_type_name(v));
         return indent(c, line, s, a);
+    }
     if (!strcmp(name, "wordcount")) {
         int64_t k = 0;
         bool in = false;
@@ -1161,10 +1171,8 @@ bool ct_test(ct_ctx *c, int line, const char *name, ct_val v, size_t n, const ct
         return v.u.l == o.u.l;
     }
     if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
-        ct_val d = name[0] == 'd' ? o : ct_int(2);
-        ct_val r = ct_binop(c, line, '%', v, d);
-        bool zero = !ct_truthy(r);
-        return name[0] == 'o' ? !zero : zero;
+        ct_val r = ct_binop(c, line, '%', v, name[0] == 'd' ? o : ct_int(2));
+        return ct_eq(c, r, ct_int(name[0] == 'o' ? 1 : 0));
     }
     if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
         ct_val s = ct_to_str(c, v);
@@ -1417,6 +1425,10 @@ ct_val ct_global_call(ct_ctx *c, int line, int fn, size_t n, const ct_val *args,
         if (cnt > 100000)
             ct_fail(c, line, DT_ERR_RANGE, "OverflowError: range too big: the sandbox allows at most 100000 items");
         ct_list *l = ct_list_new(c, cnt > 0 ? (size_t)cnt : 0);
+        l->range = true;
+        l->r_start = lo;
+        l->r_stop = hi;
+        l->r_step = st;
         for (size_t k = 0; (double)k < cnt; k++) /* in [lo, hi): no overflow, though k * st may wrap */
             l->v[l->n++] = ct_int((int64_t)((uint64_t)lo + (uint64_t)k * (uint64_t)st));
         return ct_list_val(l);

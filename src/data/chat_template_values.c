@@ -190,7 +190,7 @@ const char *ct_type_name(ct_val v)
     case CT_INT: return "int";
     case CT_FLOAT: return "float";
     case CT_STR: return "str";
-    case CT_LIST: return v.u.l->tuple ? "tuple" : "list";
+    case CT_LIST: return v.u.l->range ? "range" : v.u.l->tuple ? "tuple" : "list";
     case CT_DICT: return "dict";
     case CT_NS: return "Namespace";
     case CT_LOOP: return "LoopContext";
@@ -424,6 +424,13 @@ void ct_repr_into(ct_buf *b, ct_val v)
     case CT_STR: str_repr(b, v.u.s.p, v.u.s.n); return;
     case CT_LIST: {
         const ct_list *l = v.u.l;
+        if (l->range) {
+            ct_buf_printf(b, "range(%lld, %lld", (long long)l->r_start, (long long)l->r_stop);
+            if (l->r_step != 1)
+                ct_buf_printf(b, ", %lld", (long long)l->r_step);
+            ct_buf_puts(b, ")");
+            return;
+        }
         deeper(b->c, 0);
         ct_buf_put(b, l->tuple ? "(" : "[", 1);
         for (size_t i = 0; i < l->n; i++) {
@@ -625,7 +632,8 @@ ct_val ct_getitem(ct_ctx *c, int line, ct_val v, ct_val key)
 }
 
 /* Python's slice.indices(n): the positions a[lo:hi:step] takes, written to idx (count returned). */
-static size_t slice_positions(ct_ctx *c, int line, ct_val lo, ct_val hi, ct_val st, size_t n, int64_t **idx)
+static size_t slice_positions(ct_ctx *c, int line, ct_val lo, ct_val hi, ct_val st, size_t n, int64_t **idx,
+                              int64_t *out_start, int64_t *out_stop)
 {
     int64_t step = st.k == CT_NONE ? 1 : num_i(st), len = (int64_t)n, start, stop;
     if (step == 0)
@@ -649,6 +657,8 @@ static size_t slice_positions(ct_ctx *c, int line, ct_val lo, ct_val hi, ct_val 
             stop = step < 0 ? len - 1 : len;
     }
     size_t k = 0;
+    *out_start = start;
+    *out_stop = stop;
     *idx = ct_alloc(c, (n + 1) * sizeof **idx);
     if (step > 0)
         for (int64_t i = start; i < stop; i += step)
@@ -668,14 +678,21 @@ ct_val ct_slice(ct_ctx *c, int line, ct_val v, ct_val lo, ct_val hi, ct_val step
               (step.k == CT_NONE || step.k == CT_INT || step.k == CT_BOOL);
     if (!ok || (v.k != CT_LIST && v.k != CT_STR))
         return ct_undef(c, "'%s object' has no element slice", ct_type_name(v));
-    int64_t *idx;
+    int64_t *idx, sa, sb;
     if (v.k == CT_LIST) {
-        size_t k = slice_positions(c, line, lo, hi, step, v.u.l->n, &idx);
+        const ct_list *src = v.u.l;
+        size_t k = slice_positions(c, line, lo, hi, step, src->n, &idx, &sa, &sb);
         ct_list *l = ct_list_new(c, k);
         for (size_t i = 0; i < k; i++)
-            l->v[i] = v.u.l->v[idx[i]];
+            l->v[i] = src->v[idx[i]];
         l->n = k;
-        l->tuple = v.u.l->tuple;
+        l->tuple = src->tuple;
+        if (src->range) { /* a range's slice is a range, as Python's */
+            l->range = true;
+            l->r_start = src->r_start + sa * src->r_step;
+            l->r_stop = src->r_start + sb * src->r_step;
+            l->r_step = src->r_step * (step.k == CT_NONE ? 1 : num_i(step));
+        }
         return ct_list_val(l);
     }
     const char *p = v.u.s.p;
@@ -685,7 +702,7 @@ ct_val ct_slice(ct_ctx *c, int line, ct_val v, ct_val lo, ct_val hi, ct_val step
         if (((unsigned char)p[i] & 0xC0) != 0x80)
             off[j++] = i;
     off[ncp] = n;
-    size_t k = slice_positions(c, line, lo, hi, step, ncp, &idx);
+    size_t k = slice_positions(c, line, lo, hi, step, ncp, &idx, &sa, &sb);
     ct_buf b = {.c = c};
     ct_buf_put(&b, "", 0);
     for (size_t i = 0; i < k; i++)
@@ -730,7 +747,12 @@ bool ct_contains(ct_ctx *c, int line, ct_val hay, ct_val needle)
             if (ct_eq(c, hay.u.l->v[i], needle))
                 return true;
         return false;
-    case CT_DICT: return ct_dict_get(c, hay.u.d, needle) != NULL;
+    case CT_DICT:
+        if (needle.k == CT_LIST && !needle.u.l->tuple) /* a tuple hashes if its items do: taken as hashable */
+            ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: unhashable type: 'list'");
+        if (needle.k == CT_DICT || needle.k == CT_NS)
+            ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: unhashable type: '%s'", ct_type_name(needle));
+        return ct_dict_get(c, hay.u.d, needle) != NULL;
     default:
         ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: argument of type '%s' is not iterable", ct_type_name(hay));
     }
@@ -867,7 +889,8 @@ ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b)
         ct_buf_put(&s, b.u.s.p, b.u.s.n);
         return ct_str(s.p, s.n);
     }
-    if (op == '+' && a.k == CT_LIST && b.k == CT_LIST && a.u.l->tuple == b.u.l->tuple) {
+    if (op == '+' && a.k == CT_LIST && b.k == CT_LIST && a.u.l->tuple == b.u.l->tuple && !a.u.l->range &&
+        !b.u.l->range) {
         ct_list *l = ct_list_new(c, a.u.l->n + b.u.l->n);
         memcpy(l->v, a.u.l->v, a.u.l->n * sizeof *l->v);
         memcpy(l->v + a.u.l->n, b.u.l->v, b.u.l->n * sizeof *l->v);
@@ -875,15 +898,17 @@ ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b)
         l->tuple = a.u.l->tuple;
         return ct_list_val(l);
     }
-    if (op == '*' && (a.k == CT_STR || a.k == CT_LIST) && (b.k == CT_INT || b.k == CT_BOOL))
+    bool seq_a = a.k == CT_STR || (a.k == CT_LIST && !a.u.l->range);
+    bool seq_b = b.k == CT_STR || (b.k == CT_LIST && !b.u.l->range);
+    if (op == '*' && seq_a && (b.k == CT_INT || b.k == CT_BOOL))
         return repeat(c, line, a, num_i(b));
-    if (op == '*' && (b.k == CT_STR || b.k == CT_LIST) && (a.k == CT_INT || a.k == CT_BOOL))
+    if (op == '*' && seq_b && (a.k == CT_INT || a.k == CT_BOOL))
         return repeat(c, line, b, num_i(a));
     if (op == '%' && a.k == CT_STR)
         ct_fail(c, line, DT_ERR_UNSUPPORTED, "string %% formatting");
-    if (op == '+' && a.k == CT_STR)
-        ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: can only concatenate str (not \"%s\") to str",
-                ct_type_name(b));
+    if (op == '+' && (a.k == CT_STR || a.k == CT_LIST))
+        ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: can only concatenate %s (not \"%s\") to %s",
+                ct_type_name(a), ct_type_name(b), ct_type_name(a));
     ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: unsupported operand type(s) for %s: '%s' and '%s'", names[op],
             ct_type_name(a), ct_type_name(b));
 }

@@ -17,6 +17,7 @@ has jinja2 (3.1.x), e.g.
 
     PEER_PYTHON=/path/to/python; $PEER_PYTHON tests/data/gen_chat_template_golden.py
 """
+import copy
 import glob
 import json
 import os
@@ -144,6 +145,10 @@ CASES = [
     ("{% for x in xs %}{% for y in xs %}{{ loop.index }}{% endfor %}{{ loop.index }} {% endfor %}", None),
     ("{% for m in msgs[::-1] %}{{ m.content }}{% endfor %} {% for i in range(3) %}{{ i }}{% endfor %}"
      " {{ range(1, 10, 3)|list }} {{ range(5, 0, -2)|list }}", None),
+    ("{% for x in xs %}{{ x }}{% break %}{% else %}else-after-break{% endfor %}", None),
+    ("{% for x in xs %}{% if x < 3 %}{% continue %}{% endif %}{{ x }}{% else %}no-else{% endfor %}", None),
+    ("{% for x in xs %}{% continue %}{% else %}else-after-continue{% endfor %}", None),
+    ("{{ range(3) }} {{ range(1, 9, 2) }} {{ [range(2)] }} {{ range(2)|list }} {{ range(3)[1:] }}", None),
     ("{% for a, b in xs %}{% endfor %}", None),
     ("{% for x in 3 %}{% endfor %}", None),
     # set, namespace, scoping, with, macros, call, filter blocks
@@ -210,6 +215,12 @@ CASES = [
     ("{{ '<a href=\"x\">&\\'</a>'|e }} {{ '<b>'|escape }} {{ '<i>'|safe }}", None),
     ("[{{ 'a\\nb\\n\\nc'|indent }}] [{{ 'a\\nb'|indent(2, true) }}] [{{ 'a\\n\\nb'|indent(1, blank=true) }}] "
      "[{{ 'x\\ny'|indent('> ') }}]", None),
+    ("{% if false %}{{ x|nosuch }}{{ x is nosuch }}{% endif %}ok {{ x|nosuch2 if false else 'y' }}", None),
+    ("{% if true %}{{ x|nosuch }}{% endif %}", None),
+    ("{% if true %}{% for i in xs %}{{ i|nosuch }}{% endfor %}{% endif %}", None),
+    ("{% if false %}{{ x|groupby('a') }}{% endif %}ok", None),
+    ("{{ xs|indent }}", None),
+    ("{{ xs|length.x }}", None),
     ("{{ 'one two  three'|wordcount }} {{ 'héllo, wörld_2!'|wordcount }}", None),
     # tojson (transformers': json.dumps, ensure_ascii=False)
     ("{{ d|tojson }} {{ xs|tojson }} {{ s|tojson }} {{ none|tojson }} {{ t|tojson }} {{ f|tojson }} "
@@ -272,13 +283,14 @@ def main():
             text = f.read()
         name = os.path.basename(path)[:-len(".jinja")]
         for conv in convs:
-            kind, result = render(env, text, conv["vars"])
+            kind, result = render(env, text, copy.deepcopy(conv["vars"]))
             with open(os.path.join(HERE, f"{name}.{conv['name']}.{kind}"), "w", encoding="utf-8", newline="") as f:
                 f.write(result)
             n += 1
     cases = []
     for text, variables in CASES:
-        kind, result = render(env, text, V if variables is None else variables)
+        # a copy each: jinja2's indent filter appends to a list it is given
+        kind, result = render(env, text, copy.deepcopy(V if variables is None else variables))
         case = {"template": text}
         if variables is not None:
             case["vars"] = variables

@@ -190,13 +190,14 @@ TEST(golden_cases)
                 bad++;
             }
         } else {
+            const char *msg = cJSON_GetObjectItem(c, "message")->valuestring;
             bool syntax = !strcmp(kind, "TemplateSyntaxError") || !strcmp(kind, "TemplateAssertionError") ||
-                          !strcmp(kind, "SyntaxError"); /* jinja2's 'break' outside a loop */
+                          !strcmp(kind, "SyntaxError") || /* jinja2's 'break' outside a loop */
+                          !strncmp(msg, "No filter named", 15) || !strncmp(msg, "No test named", 13);
             dt_status st_want = syntax ? DT_ERR_FORMAT : DT_ERR_INVALID_ARG;
             if (st != st_want) {
                 fprintf(stderr, "%s %s: got %s (%s), want %s (jinja2: %s: %s)\n", what, t, dt_status_name(st),
-                        st < 0 ? dt_last_error() : out, dt_status_name(st_want), kind,
-                        cJSON_GetObjectItem(c, "message")->valuestring);
+                        st < 0 ? dt_last_error() : out, dt_status_name(st_want), kind, msg);
                 bad++;
             }
         }
