@@ -1450,10 +1450,12 @@ static ct_node *body(parser *p, const char *const *ends, const char *block, int 
  * statement or an inline if (a "soft" frame: there it fails only when run,
  * so templates can guard one with `is filter`); the bodies of loops, macros,
  * call, filter, set and with blocks are not soft again. */
-static void check_names(ct_ctx *c, const ct_node *n, bool soft)
+static void check_names(ct_ctx *c, const ct_node *n, bool soft, int depth)
 {
     if (!n)
         return;
+    if (depth > CT_MAX_EXPR + CT_MAX_NEST)
+        ct_fail(c, n->line, DT_ERR_RANGE, "an expression nested deeper than %d levels (the limit)", CT_MAX_EXPR);
     if ((n->k == N_FILTER || n->k == N_TEST) && n->len && !soft)
         ct_fail(c, n->line, DT_ERR_FORMAT, "no %s named '%s'", n->k == N_FILTER ? "filter" : "test", n->name);
     bool inner = soft;
@@ -1462,13 +1464,13 @@ static void check_names(ct_ctx *c, const ct_node *n, bool soft)
     else if (n->k == N_FOR || n->k == N_MACRO || n->k == N_CALLBLOCK || n->k == N_SETBLOCK ||
              n->k == N_FILTERBLOCK || n->k == N_WITH)
         inner = false;
-    check_names(c, n->a, n->k == N_FOR || n->k == N_CALLBLOCK ? soft : inner);
-    check_names(c, n->b, inner);
-    check_names(c, n->c, inner);
-    check_names(c, n->d, n->k == N_FILTERBLOCK || n->k == N_SETBLOCK ? soft : inner);
+    check_names(c, n->a, n->k == N_FOR || n->k == N_CALLBLOCK ? soft : inner, depth + 1);
+    check_names(c, n->b, inner, depth + 1);
+    check_names(c, n->c, inner, depth + 1);
+    check_names(c, n->d, n->k == N_FILTERBLOCK || n->k == N_SETBLOCK ? soft : inner, depth + 1);
     if (n->k != N_TEXT && n->k != N_LIT)
         for (size_t i = 0; i < n->nk; i++)
-            check_names(c, n->kids[i], inner);
+            check_names(c, n->kids[i], inner, depth + 1);
 }
 
 ct_node *dt__chat_parse(ct_ctx *c, const char *src, size_t n)
@@ -1477,7 +1479,7 @@ ct_node *dt__chat_parse(ct_ctx *c, const char *src, size_t n)
     lex(&L);
     parser p = {.c = c, .t = L.toks, .n = L.ntoks};
     ct_node *root = body(&p, NULL, NULL, 0);
-    check_names(c, root, false);
+    check_names(c, root, false, 0);
     return root;
 }
 

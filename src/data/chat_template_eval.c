@@ -226,7 +226,19 @@ static bool compare(ct_ctx *c, int line, const char *op, ct_val a, ct_val b)
     return op[0] == '<' ? (op[1] ? r <= 0 : r < 0) : (op[1] ? r >= 0 : r > 0);
 }
 
+static ct_val eval_node(ct_ctx *c, const ct_node *n, ct_frame *f);
+
+/* A left-leaning chain (1 + 1 + ... + 1) nests as deep as it is long: the C stack is bounded here. */
 static ct_val eval(ct_ctx *c, const ct_node *n, ct_frame *f)
+{
+    if (++c->expr_depth > CT_MAX_EXPR)
+        ct_fail(c, n->line, DT_ERR_RANGE, "an expression nested deeper than %d levels (the limit)", CT_MAX_EXPR);
+    ct_val v = eval_node(c, n, f);
+    c->expr_depth--;
+    return v;
+}
+
+static ct_val eval_node(ct_ctx *c, const ct_node *n, ct_frame *f)
 {
     switch (n->k) {
     case N_LIT: return n->lit;

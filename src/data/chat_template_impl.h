@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Limits (chat_template.h), overridable for tests (dt__chat_render_limited). */
 typedef struct ct_limits {
@@ -36,6 +37,7 @@ dt_status dt__chat_render_limited(const char *tmpl, size_t n, const char *name, 
 
 #define CT_MAX_NEST 256   /* template nesting: blocks and expression parentheses */
 #define CT_MAX_DEPTH 1000 /* value nesting (repr, tojson, ==) */
+#define CT_MAX_EXPR 1000  /* expression depth, chains included (a + b + ... , x|f|g|..., x.a.b...) */
 
 /* ---- arena ----------------------------------------------------------------------------- */
 
@@ -176,6 +178,7 @@ typedef struct ct_ctx {
     uint64_t iters;       /* loop iterations so far */
     uint64_t stores;      /* namespace stores so far: a region with none may be rewound */
     int calls, depth;     /* nested macro calls; value nesting of the walk in progress */
+    int expr_depth;       /* of the expression being evaluated */
     int line;             /* of the node being run, for errors outside one */
 } ct_ctx;
 
@@ -203,6 +206,13 @@ ct_node *dt__chat_parse(ct_ctx *c, const char *src, size_t n);
 /* chat_template_eval.c */
 void dt__chat_exec(ct_ctx *c, const ct_node *body, ct_frame *f);
 ct_val dt__chat_call(ct_ctx *c, int line, ct_val fn, size_t n, const ct_val *args, const char *const *kw);
+
+/* n values from s to d (either may be NULL when n is 0). */
+static inline void ct_copy_vals(ct_val *d, const ct_val *s, size_t n)
+{
+    if (n)
+        memcpy(d, s, n * sizeof *d);
+}
 
 /* chat_template_values.c */
 ct_val ct_str(const char *p, size_t n);

@@ -888,7 +888,7 @@ ct_val ct_filter(ct_ctx *c, int line, const char *name, ct_val v, size_t n, cons
         return ct_to_str(c, v);
     if (!strcmp(name, "list")) {
         ct_list *it = ct_iter(c, line, v), *l = ct_list_new(c, it->n);
-        memcpy(l->v, it->v, it->n * sizeof *l->v);
+        ct_copy_vals(l->v, it->v, it->n);
         l->n = it->n;
         return ct_list_val(l);
     }
@@ -1324,7 +1324,7 @@ ct_val ct_method_call(ct_ctx *c, int line, const ct_method *m, size_t n, const c
         bind(c, line, what, "", n, args, kw, a);
         ct_list *l = ct_list_new(c, self.u.d->n);
         if (!strcmp(nm, "keys") || !strcmp(nm, "values")) {
-            memcpy(l->v, nm[0] == 'k' ? self.u.d->k : self.u.d->v, self.u.d->n * sizeof *l->v);
+            ct_copy_vals(l->v, nm[0] == 'k' ? self.u.d->k : self.u.d->v, self.u.d->n);
             l->n = self.u.d->n;
             return ct_list_val(l);
         }

@@ -717,7 +717,7 @@ ct_list *ct_iter(ct_ctx *c, int line, ct_val v)
     case CT_LIST: return v.u.l;
     case CT_DICT: {
         ct_list *l = ct_list_new(c, v.u.d->n);
-        memcpy(l->v, v.u.d->k, v.u.d->n * sizeof *l->v);
+        ct_copy_vals(l->v, v.u.d->k, v.u.d->n);
         l->n = v.u.d->n;
         return l;
     }
@@ -892,8 +892,8 @@ ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b)
     if (op == '+' && a.k == CT_LIST && b.k == CT_LIST && a.u.l->tuple == b.u.l->tuple && !a.u.l->range &&
         !b.u.l->range) {
         ct_list *l = ct_list_new(c, a.u.l->n + b.u.l->n);
-        memcpy(l->v, a.u.l->v, a.u.l->n * sizeof *l->v);
-        memcpy(l->v + a.u.l->n, b.u.l->v, b.u.l->n * sizeof *l->v);
+        ct_copy_vals(l->v, a.u.l->v, a.u.l->n);
+        ct_copy_vals(l->v + a.u.l->n, b.u.l->v, b.u.l->n);
         l->n = a.u.l->n + b.u.l->n;
         l->tuple = a.u.l->tuple;
         return ct_list_val(l);

@@ -291,6 +291,20 @@ TEST(limits)
         k += (size_t)sprintf(nest + k, "{%% if 1 %%}");
     ASSERT_STATUS(dt__chat_render_limited(nest, k, "lim", NULL, &lim, &out, &n), DT_ERR_RANGE);
     free(nest);
+    /* a chain as deep as it is long: 1 + 1 + ... (200,000 terms) */
+    char *chain = malloc(800100);
+    k = (size_t)sprintf(chain, "{{ 1");
+    for (int i = 0; i < 200000; i++)
+        k += (size_t)sprintf(chain + k, "+1");
+    k += (size_t)sprintf(chain + k, " }}");
+    ASSERT_STATUS(dt__chat_render_limited(chain, k, "lim", NULL, &lim, &out, &n), DT_ERR_RANGE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "expression nested deeper");
+    k = (size_t)sprintf(chain, "{{ 1");
+    for (int i = 0; i < 200000; i++)
+        k += (size_t)sprintf(chain + k, "|abs");
+    k += (size_t)sprintf(chain + k, " }}");
+    ASSERT_STATUS(dt__chat_render_limited(chain, k, "lim", NULL, &lim, &out, &n), DT_ERR_RANGE);
+    free(chain);
     t = "{% set ns = namespace(v=[]) %}{% for i in range(2000) %}{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v }}";
     ASSERT_STATUS(dt__chat_render_limited(t, strlen(t), "lim", NULL, &lim, &out, &n), DT_ERR_RANGE);
     ASSERT_STR_CONTAINS(dt_last_error(), "nested deeper than 1000");
