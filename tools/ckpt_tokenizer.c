@@ -2,8 +2,9 @@
  * --tokenizer FILE --save DIR` keeps FILE's tokenizer.json in the
  * checkpoint's saved options ("tokenizer_json"), and the tokenizer_config.json
  * beside it when there is one ("tokenizer_config_json": its bos and eos
- * tokens); dtrain generate --ckpt and dtrain eval --ckpt encode text with it
- * (dt__ckpt_tokenizer). */
+ * tokens and chat template), and a chat_template.jinja beside it
+ * ("chat_template_jinja"); dtrain generate --ckpt and dtrain eval --ckpt
+ * encode text with it (dt__ckpt_tokenizer). */
 #include "cmd.h"
 
 #include "dtrain/tokenizer.h"
@@ -31,8 +32,13 @@ dt_status dt__ckpt_tokenizer(const char *ckpt, dt_tokenizer **out)
         snprintf(name, sizeof name, "the tokenizer.json kept by --ckpt %s", ckpt);
         st = dt_tokenizer_load_mem(tj->valuestring, strlen(tj->valuestring), name, out);
         snprintf(name, sizeof name, "the tokenizer_config.json kept by --ckpt %s", ckpt);
-        if (st >= 0 && cJSON_IsString(cj) && /* its bos and eos tokens, as the run read them */
-            (st = dt_tokenizer_apply_config(*out, cj->valuestring, strlen(cj->valuestring), name)) < 0) {
+        if (st >= 0 && cJSON_IsString(cj)) /* its bos and eos tokens and chat template, as the run read them */
+            st = dt_tokenizer_apply_config(*out, cj->valuestring, strlen(cj->valuestring), name);
+        const cJSON *jj = cJSON_GetObjectItemCaseSensitive(u, "chat_template_jinja");
+        snprintf(name, sizeof name, "the chat_template.jinja kept by --ckpt %s", ckpt);
+        if (st >= 0 && cJSON_IsString(jj))
+            st = dt_tokenizer_set_chat_template(*out, jj->valuestring, strlen(jj->valuestring), name);
+        if (st < 0) {
             dt_tokenizer_free(*out);
             *out = NULL;
         }

@@ -51,7 +51,12 @@ static void usage(FILE *f)
                "                        decoded as tokenizer.decode; --prompt alone uses an hf:DIR model's\n"
                "                        DIR/tokenizer.json, or the one a --ckpt run trained with --tokenizer\n"
                "                        keeps. An id past the vocabulary is an error (exit 2), never\n"
-               "                        another token\n");
+               "                        another token\n"
+               "  --chat on|off         with a tokenizer.json: the prompt is a user's message in the\n"
+               "                        tokenizer's chat template, its generation prompt after it (as\n"
+               "                        apply_chat_template(add_generation_prompt=True); no other special\n"
+               "                        tokens added); default off\n"
+               "  --system TEXT         with --chat on: a system message before the user's\n");
     fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1); the sampling options below (--top-h to\n"
                "                        --eta-cutoff, --sample-seed) are refused then, as they would be\n"
@@ -295,10 +300,30 @@ static int parse_eos(const char *v, dt_generate_params *gp)
     }
 }
 
+/* --chat: [system,] user's prompt through t's chat template, with the generation prompt. */
+static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const char *prompt, char **text, size_t *len)
+{
+    cJSON *c = cJSON_CreateArray(), *m;
+    for (int k = system ? 0 : 1; c && k < 2; k++)
+        if (!(m = cJSON_CreateObject()) || !cJSON_AddItemToArray(c, m) ||
+            !cJSON_AddStringToObject(m, "role", k ? "user" : "system") ||
+            !cJSON_AddStringToObject(m, "content", k ? prompt : system)) {
+            cJSON_Delete(c);
+            c = NULL;
+        }
+    char *js = c ? cJSON_PrintUnformatted(c) : NULL;
+    cJSON_Delete(c);
+    if (!js)
+        return dt_error(DT_ERR_NO_MEMORY, "--chat: out of memory");
+    dt_status st = dt_tokenizer_render_chat(t, js, strlen(js), true, NULL, 0, text, len);
+    cJSON_free(js);
+    return st < 0 ? dt_error(st, "--chat: %s", dt_last_error()) : st;
+}
+
 int dt_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
-               *tokenizer = NULL, *lora_from = NULL;
+               *tokenizer = NULL, *lora_from = NULL, *system = NULL;
     dt_model_config cfg = dt_model_config_default();
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
@@ -307,7 +332,7 @@ int dt_cmd_generate(int argc, char **argv)
     bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
          pen_given = false, minnew_given = false, ngram_given = false, beams_given = false, lenpen_given = false,
          early_given = false, minp_given = false, typp_given = false, eps_given = false, eta_given = false,
-         toph_given = false, sseed_given = false, stream = false;
+         toph_given = false, sseed_given = false, stream = false, chat = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -352,6 +377,11 @@ int dt_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--stream")) {
             if (on_off(a, v, &stream) < 0)
                 return 2;
+        } else if (!strcmp(a, "--chat")) {
+            if (on_off(a, v, &chat) < 0)
+                return 2;
+        } else if (!strcmp(a, "--system")) {
+            system = v;
         } else if (!strcmp(a, "--kv-cache")) {
             if (on_off(a, v, &gp.kv_cache) < 0)
                 return 2;
@@ -515,6 +545,23 @@ int dt_cmd_generate(int argc, char **argv)
                     "(see dtrain generate --help)\n");
         return 2;
     }
+    if ((chat || system) && !(ptext && (tokenizer || hf_tok || (ttok && !vocab)))) {
+        dt__tuning_free(&tu);
+        free(mname);
+        free(vtext);
+        dt_tokenizer_free(ttok);
+        dt__cli_err("dtrain generate: %s goes with --prompt through a tokenizer.json (--tokenizer, an hf:DIR "
+                    "model's, or a --ckpt run's), whose chat template it applies\n", system ? "--system" : "--chat");
+        return 2;
+    }
+    if (system && !chat) {
+        dt__tuning_free(&tu);
+        free(mname);
+        free(vtext);
+        dt_tokenizer_free(ttok);
+        dt__cli_err("dtrain generate: --system is a message of a conversation: give --chat on with it\n");
+        return 2;
+    }
     int64_t np = 0;
     int rc = 2;
     dt_model *m = NULL;
@@ -526,11 +573,16 @@ int dt_cmd_generate(int argc, char **argv)
         uint32_t *enc = NULL;
         if (!tokenizer && !hf_tok)
             tok = ttok, ttok = NULL; /* the checkpoint's */
+        char *ctext = NULL;
+        size_t clen = 0;
         if ((!tok && dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok) < 0) ||
-            dt_tokenizer_encode(tok, ptext, strlen(ptext), true, &enc, &np) < 0) {
+            (chat && chat_prompt(tok, system, ptext, &ctext, &clen) < 0) ||
+            dt_tokenizer_encode(tok, chat ? ctext : ptext, chat ? clen : strlen(ptext), !chat, &enc, &np) < 0) {
+            free(ctext);
             rc = bad();
             goto done;
         }
+        free(ctext);
         prompt = malloc((size_t)(np > 0 ? np : 1) * sizeof *prompt);
         for (int64_t i = 0; prompt && i < np; i++)
             prompt[i] = enc[i];

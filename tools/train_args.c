@@ -40,8 +40,10 @@ static const opt_def opts[] = {
      "(default fashion-mnist; random for mlp). npy/csv: a held-out fraction F (default 0.1) is the test set; GPT "
      "models need tokens:FILE (an llm.c token file) or text (each text: file, each jsonl: line's KEY, default "
      "text, one document, followed by the end-of-document token; with prompt=KEY,completion=KEY each line is its "
-     "prompt's tokens, its completion's, the end-of-document token: TRL's prompt-completion format; encoded with "
-     "--tokenizer at start)"},
+     "prompt's tokens, its completion's, the end-of-document token: TRL's prompt-completion format; a line's "
+     "\"messages\" list (or KEY's, or prompt and completion lists) is a conversation, rendered by the tokenizer's "
+     "chat template as apply_chat_template does, nothing added after it: TRL's conversational formats; encoded "
+     "with --tokenizer at start)"},
     {"epochs", OPT_INT, OFF(epochs), 1, 1e6, NULL, "N", "passes over the training set (default 1)"},
     {"batch", OPT_INT, OFF(batch), 1, 1e6, NULL, "N", "samples per step (default 100)"},
     {"optimizer", OPT_CHOICE, OFF(optimizer), 0, 0, "sgd|adam|adamw|lamb|lion", "NAME", "default sgd"},

@@ -71,7 +71,7 @@ int dt__tr_make_user_json(dt__train_run *t)
         snprintf(lm, sizeof lm, ",\"mlp_dim\":%lld,\"mlp_hidden\":%lld", (long long)t->o.mlp_dim,
                  (long long)t->o.mlp_hidden);
     }
-    char *vq = NULL, *tq = NULL, *cq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint */
+    char *vq = NULL, *tq = NULL, *cq = NULL, *jq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint */
     if (t->lm && t->o.vocab && t->o.save && !(vq = dt__tr_vocab_quoted("--vocab", t->o.vocab)))
         return 2;
     if (t->lm && t->o.tokenizer && t->o.save) {
@@ -87,17 +87,24 @@ int dt__tr_make_user_json(dt__train_run *t)
            with the token this run did) */
         char *slash = strrchr(tp, '/');
         snprintf(cp, sizeof cp, "%.*s%stokenizer_config.json", slash ? (int)(slash - tp) : 0, tp, slash ? "/" : "");
-        if (lstat(cp, &sb) == 0 && S_ISREG(sb.st_mode) && !(cq = dt__tr_vocab_quoted("--tokenizer", cp))) {
+        bool bad = lstat(cp, &sb) == 0 && S_ISREG(sb.st_mode) && !(cq = dt__tr_vocab_quoted("--tokenizer", cp));
+        /* and a chat_template.jinja beside it (the template that wins over the config's) */
+        snprintf(cp, sizeof cp, "%.*s%schat_template.jinja", slash ? (int)(slash - tp) : 0, tp, slash ? "/" : "");
+        bad = bad || (lstat(cp, &sb) == 0 && S_ISREG(sb.st_mode) && !(jq = dt__tr_vocab_quoted("--tokenizer", cp)));
+        if (bad) {
             cJSON_free(vq);
             cJSON_free(tq);
+            cJSON_free(cq);
             return 2;
         }
     }
     size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + (tq ? strlen(tq) : 0) + (cq ? strlen(cq) : 0) +
-               512;
+               (jq ? strlen(jq) : 0) + 512;
     if (!(t->user_json = malloc(n))) {
         cJSON_free(vq);
         cJSON_free(tq);
+        cJSON_free(cq);
+        cJSON_free(jq);
         return dt__tr_fail(1, "out of memory");
     }
     snprintf(t->user_json, n,
@@ -122,6 +129,11 @@ int dt__tr_make_user_json(dt__train_run *t)
         size_t l = strlen(t->user_json);
         snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_config_json\":%s}", cq);
         cJSON_free(cq);
+    }
+    if (jq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"chat_template_jinja\":%s}", jq);
+        cJSON_free(jq);
     }
     /* the LoRA and --freeze settings (eval/generate --ckpt and --resume rebuild the model with them) */
     char *tj = dt__tuning_json(t->lora_targets ? t->o.lora_targets : NULL, &t->lora, t->o.freeze);

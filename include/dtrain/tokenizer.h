@@ -136,11 +136,51 @@ DT_API dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, si
 DT_API dt_status dt_tokenizer_decode(const dt_tokenizer *t, const uint32_t *ids, int64_t n, bool skip_special,
                                      char **text, size_t *len);
 
+/* Chat templates. An instruct model's tokenizer carries its conversation
+ * format as Jinja text: tokenizer_config.json's "chat_template" (a
+ * string, or a list of {"name", "template"} of which "default" is used),
+ * or a chat_template.jinja beside the tokenizer.json, which wins;
+ * dt_tokenizer_load reads both, as transformers does. The template of t,
+ * NULL when it has none. Borrowed: valid until t is freed or given another. */
+DT_API const char *dt_tokenizer_chat_template(const dt_tokenizer *t);
+/* Give t the template tmpl[0, n) (NULL, 0: none); name says where it came
+ * from in messages (NULL: "<memory>"). DT_ERR_FORMAT for a NUL byte or
+ * more than 1 MiB. */
+DT_API dt_status dt_tokenizer_set_chat_template(dt_tokenizer *t, const char *tmpl, size_t n, const char *name);
+/* Render t's chat template over conversation[0, n), a JSON list of
+ * messages ({"role": "user", "content": "..."}, ...), as transformers'
+ * tokenizer.apply_chat_template(messages, tokenize=False,
+ * add_generation_prompt=...) of transformers 5 does, byte for byte: the
+ * template sees messages (each without its keys whose value is null, an
+ * assistant's "reasoning_content"/"thinking"/"reasoning" under the first
+ * two names too), add_generation_prompt, tools and documents (null when
+ * not given), bos_token, eos_token, unk_token and pad_token (those the
+ * tokenizer_config.json names), and the keys of the JSON object
+ * kwargs[0, kn) (NULL, 0: none; "tools", "documents", "enable_thinking",
+ * ...: apply_chat_template's keyword arguments). The Jinja
+ * subset is what chat templates use: if/for/set/macro, loop variables,
+ * namespace(), filters (tojson, trim, length, ...), tests, string and dict
+ * methods, raise_exception(); it renders as jinja2's sandbox with
+ * trim_blocks and lstrip_blocks. *text malloc'd (free() it), NUL-ended,
+ * *len without the NUL. Encode the text with add_special false: the
+ * template holds its special tokens (apply_chat_template(tokenize=True)).
+ * Errors: DT_ERR_INVALID_ARG (t has no template, an empty conversation, a
+ * message without a string "role", the template's raise_exception, naming
+ * its message, or a failure while rendering), DT_ERR_FORMAT (not JSON, a
+ * template that does
+ * not parse, naming its line), DT_ERR_UNSUPPORTED (a Jinja construct
+ * outside the subset, named), DT_ERR_RANGE (a limit passed: 256 MiB of
+ * output, 10 million loop iterations, 100 nested macro calls, ...). */
+DT_API dt_status dt_tokenizer_render_chat(const dt_tokenizer *t, const char *conversation, size_t n,
+                                          bool add_generation_prompt, const char *kwargs, size_t kn, char **text,
+                                          size_t *len);
+
 /* The two files transformers reads beside a tokenizer.json in a model
  * directory, as JSON text (each malloc'd; free() them):
  * tokenizer_config.json (added_tokens_decoder with every added token by id,
- * bos_token, eos_token (unk_token when the model has one: the
- * tokenizer_config.json's the tokenizer was read with, else the first
+ * chat_template when t has one, bos_token, eos_token (unk_token when the
+ * model has one: the tokenizer_config.json's the tokenizer was read with,
+ * else the first
  * special added token among "<|begin_of_text|>", "<s>", "<bos>",
  * "<|endoftext|>" is the bos, dt_tokenizer_eos the eos; null when absent),
  * clean_up_tokenization_spaces false, model_max_length when > 0,
@@ -165,7 +205,16 @@ DT_API dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_
  * DT_K_IGNORE_INDEX (-100) in y, the completion and end-of-document
  * targets their ids (without prompt=/completion= the keys are then
  * "prompt" and "completion"; text: and field= data are refused:
- * DT_ERR_INVALID_ARG). Items are windows of seq_len + 1 tokens as in
+ * DT_ERR_INVALID_ARG). Conversations (TRL's conversational formats): a
+ * line whose document key holds a list of messages, or that has no "text"
+ * (field= not given) but a "messages" list, is that conversation rendered
+ * by t's chat template (dt_tokenizer_render_chat, with the line's "tools"
+ * and "chat_template_kwargs") and encoded, with nothing added after it
+ * (the template ends its turns, as TRL's SFTTrainer leaves it); with
+ * prompt and completion both lists, the prompt is rendered with the
+ * generation prompt and the completion is what rendering the whole
+ * conversation adds after it (DT_ERR_INVALID_ARG when the prompt's text is
+ * not the start of the whole's). Items are windows of seq_len + 1 tokens as in
  * dt_dataset_tokens_open (p: seq_len, stride; vocab_size 0 = the
  * tokenizer's, else every id must be below it). t is only used while
  * opening. Errors name the spec, the file (and line for jsonl):

@@ -13,7 +13,9 @@
  * completion_only_loss a byte per token says whether it is a counted
  * target (a completion or end-of-document token); a target that is not
  * becomes DT_K_IGNORE_INDEX in y, so the loss's mean runs over the counted
- * targets only (the mean of PyTorch's cross_entropy(ignore_index=-100)). */
+ * targets only (the mean of PyTorch's cross_entropy(ignore_index=-100)).
+ * Conversations (lists of messages) are rendered by the tokenizer's chat
+ * template first (add_chat). */
 #include "base/json_strict.h"
 #include "dtrain/kernels.h"
 #include "mapfile.h"
@@ -167,21 +169,69 @@ static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char
 /* The keys of a jsonl line: field (one document), or prompt and completion. */
 typedef struct jkeys {
     const char *field, *prompt, *completion;
+    bool field_given; /* field= named it (else "text", and a line without it may be a "messages" conversation) */
 } jkeys;
 
 /* The string `key` of object o, or an error naming the line and the key. */
 static dt_status jstring(const cJSON *o, const char *key, const char *opt, const char *where, const char **out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    /* TRL's conversational format: its chat template makes the text, which dtrain does not apply */
-    const bool chat = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages"));
     if (!cJSON_IsString(v))
         return dt_error(DT_ERR_FORMAT, "%s: want an object with a string \"%s\"%s (%s=NAME picks another key)%s",
                         where, key, !v ? "" : ", not another JSON type", opt,
-                        chat ? "; a \"messages\" list (a conversation) needs its chat template applied first: "
-                               "write each as text, or as a prompt and a completion" : "");
+                        cJSON_IsArray(v) ? "; a list there is a conversation (a list of messages) only when the other "
+                                           "key is one too" : "");
     *out = v->valuestring;
     return DT_OK;
+}
+
+/* Conversations (TRL's conversational formats): the line's messages rendered by the tokenizer's chat template
+ * (apply_chat_template with the line's "tools" and "chat_template_kwargs"), nothing added after them (the
+ * template ends each turn; TRL's SFTTrainer adds no end-of-document token to a conversation). With prompt, the
+ * prompt is rendered with the generation prompt (its targets not counted under completion_only_loss), and the
+ * completion is what the whole conversation's rendering adds after it. */
+static dt_status add_chat(acc *a, const dt_tokenizer *t, const cJSON *o, const cJSON *prompt, const cJSON *msgs,
+                          uint32_t eos, const char *where)
+{
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs");
+    char *pt = NULL, *full = NULL;
+    size_t pn = 0, fn = 0;
+    cJSON *all = NULL;
+    dt_status st = DT_OK;
+    if (prompt) { /* prompt + completion, as one list */
+        all = cJSON_CreateArray();
+        const cJSON *m;
+        for (int k = 0; all && st == DT_OK && k < 2; k++) {
+            const cJSON *part = k ? msgs : prompt;
+            cJSON_ArrayForEach(m, part) {
+                cJSON *r = cJSON_CreateObjectReference(m->child);
+                if (!r || !cJSON_AddItemToArray(all, r)) {
+                    cJSON_Delete(r);
+                    st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
+                    break;
+                }
+            }
+        }
+        if (!all)
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
+        if (st == DT_OK)
+            st = dt__tok_render_chat(t, prompt, true, tools, kw, where, &pt, &pn);
+    }
+    if (st == DT_OK)
+        st = dt__tok_render_chat(t, all ? all : msgs, false, tools, kw, where, &full, &fn);
+    if (st == DT_OK && prompt && (fn < pn || memcmp(full, pt, pn)))
+        st = dt_error(DT_ERR_INVALID_ARG, "%s: the chat template renders the prompt (with its generation prompt) as "
+                      "other text than the start of the whole conversation, so the completion cannot be told "
+                      "apart: write this line's prompt and completion as text", where);
+    if (st == DT_OK && prompt)
+        st = add_text(a, t, pt, pn, false, false, eos, where);
+    if (st == DT_OK)
+        st = add_text(a, t, full + pn, fn - pn, true, false, eos, where);
+    cJSON_Delete(all);
+    free(pt);
+    free(full);
+    return st;
 }
 
 /* Every line of a JSON-lines file is one document: the string `field` of
@@ -205,15 +255,23 @@ static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const ch
             if (st < 0)
                 return st;
             const char *pr = NULL, *co = NULL;
+            const cJSON *fv = cJSON_GetObjectItemCaseSensitive(o, keys->prompt ? keys->prompt : keys->field);
+            const cJSON *cv = keys->prompt ? cJSON_GetObjectItemCaseSensitive(o, keys->completion) : NULL;
+            const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+            if (!keys->prompt && !fv && !keys->field_given && cJSON_IsArray(msgs))
+                fv = msgs; /* TRL's conversational language modeling: {"messages": [...]} */
+            const bool chat = cJSON_IsArray(fv) && (!keys->prompt || cJSON_IsArray(cv));
             if (!cJSON_IsObject(o))
                 st = dt_error(DT_ERR_FORMAT, "%s: want a JSON object, one a line", where);
+            else if (chat)
+                st = add_chat(a, t, o, keys->prompt ? fv : NULL, keys->prompt ? cv : fv, eos, where);
             else if (!keys->prompt)
                 st = jstring(o, keys->field, "field", where, &co);
             else if ((st = jstring(o, keys->prompt, "prompt", where, &pr)) == DT_OK)
                 st = jstring(o, keys->completion, "completion", where, &co);
             if (st == DT_OK && pr) /* an empty completion: only its end-of-document token is a target */
                 st = add_text(a, t, pr, strlen(pr), false, false, eos, where);
-            if (st == DT_OK)
+            if (st == DT_OK && co)
                 st = add_text(a, t, co, strlen(co), true, true, eos, where);
             cJSON_Delete(o);
             if (st < 0)
@@ -289,6 +347,7 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
         free(list);
         return dt_error(DT_ERR_INVALID_ARG, "data %s: %s", spec, bad);
     }
+    keys.field_given = keys.field != NULL;
     if (!keys.field)
         keys.field = "text";
     acc a = {.mask = p->completion_only_loss};

@@ -207,6 +207,8 @@ dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_length,
     char *ctext = NULL, *mtext = NULL;
     if (dec && map) {
         add_content(cfg, "bos_token", t, has_bos, bos);
+        if (t->chat_template) /* (a chat_template.jinja's too: transformers reads it from either) */
+            cJSON_AddStringToObject(cfg, "chat_template", t->chat_template);
         cJSON_AddBoolToObject(cfg, "clean_up_tokenization_spaces", false);
         add_content(cfg, "eos_token", t, has_eos, eos);
         if (model_max_length > 0)

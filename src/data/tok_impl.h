@@ -99,7 +99,25 @@ struct dt_tokenizer {
        and .eos_token; has_cfg_* false: none named) */
     uint32_t cfg_bos, cfg_eos;
     bool has_cfg_bos, has_cfg_eos;
+    /* the chat template (tokenizer_config.json's "chat_template", or a chat_template.jinja beside, which wins, as
+       transformers reads them; NULL: none), where it came from (for messages), and the config's pad_token */
+    char *chat_template, *chat_template_src, *cfg_pad;
 };
+
+/* Chat templates (tok_chat.c). The template of a tokenizer_config.json's
+ * parsed root (name: the file, for messages): *tmpl malloc'd, NULL when
+ * it has none. */
+struct cJSON;
+dt_status dt__tok_config_chat(const struct cJSON *root, const char *name, char **tmpl);
+/* Render t's chat template over messages (a JSON array of message
+ * objects) with add_generation_prompt, tools (NULL: none) and the further
+ * variables of object kwargs (NULL: none), as transformers'
+ * apply_chat_template(tokenize=False): *text malloc'd. where names the
+ * conversation in messages. DT_ERR_INVALID_ARG when t has no template, a
+ * message is not an object with a string "role", or rendering fails. */
+dt_status dt__tok_render_chat(const dt_tokenizer *t, const struct cJSON *messages, bool add_generation_prompt,
+                              const struct cJSON *tools, const struct cJSON *kwargs, const char *where, char **text,
+                              size_t *len);
 
 /* Pool and map helpers (tok_json.c). */
 dt_status dt__tok_pool_add(tok_pool *p, const char *s, size_t n, uint32_t *off);

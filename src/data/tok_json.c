@@ -744,6 +744,9 @@ void dt_tokenizer_free(dt_tokenizer *t)
     }
     free(t->pre_ids);
     free(t->post_ids);
+    free(t->chat_template);
+    free(t->chat_template_src);
+    free(t->cfg_pad);
     free(t);
 }
 
@@ -854,36 +857,70 @@ dt_status dt_tokenizer_apply_config(dt_tokenizer *t, const char *json, size_t n,
         return st;
     uint32_t bos = 0, eos = 0;
     bool hb = false, he = false;
+    char *chat = NULL, *src = NULL, *pad = NULL;
     if (!cJSON_IsObject(root))
         st = dt_error(DT_ERR_FORMAT, "%s: not a JSON object", name);
-    else if ((st = config_token(t, root, name, "eos_token", &eos, &he)) >= 0)
-        st = config_token(t, root, name, "bos_token", &bos, &hb);
+    else if ((st = config_token(t, root, name, "eos_token", &eos, &he)) >= 0 &&
+             (st = config_token(t, root, name, "bos_token", &bos, &hb)) >= 0)
+        st = dt__tok_config_chat(root, name, &chat);
+    if (st >= 0) { /* the pad token's text: only a chat template reads it (pad_token) */
+        const cJSON *pe = cJSON_GetObjectItemCaseSensitive(root, "pad_token");
+        if (cJSON_IsObject(pe))
+            pe = cJSON_GetObjectItemCaseSensitive(pe, "content");
+        if (cJSON_IsString(pe) && !(pad = strdup(pe->valuestring)))
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", name);
+    }
+    if (st >= 0 && chat) {
+        size_t k = strlen(name) + 32;
+        if ((src = malloc(k)))
+            snprintf(src, k, "%s's chat_template", name);
+        else
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", name);
+    }
     cJSON_Delete(root);
-    if (st >= 0) /* all or nothing */
-        t->cfg_bos = bos, t->has_cfg_bos = hb, t->cfg_eos = eos, t->has_cfg_eos = he;
+    if (st < 0) {
+        free(chat);
+        free(src);
+        free(pad);
+        return st;
+    }
+    /* all or nothing */
+    t->cfg_bos = bos, t->has_cfg_bos = hb, t->cfg_eos = eos, t->has_cfg_eos = he;
+    free(t->chat_template);
+    free(t->chat_template_src);
+    free(t->cfg_pad);
+    t->chat_template = chat, t->chat_template_src = src, t->cfg_pad = pad;
     return st;
 }
 
-/* transformers' tokenizer.bos_token and .eos_token: those a tokenizer_config.json beside the tokenizer.json at
- * path names, when there is one (dt_tokenizer_apply_config). No file: nothing. */
+/* transformers' tokenizer.bos_token, .eos_token and .chat_template: those a tokenizer_config.json beside the
+ * tokenizer.json at path names, when there is one (dt_tokenizer_apply_config), and the template of a
+ * chat_template.jinja beside it, which replaces the config's (as transformers reads them). No files: nothing. */
 static dt_status read_config_tokens(const char *path, dt_tokenizer *t)
 {
     char cfg[4200];
     const char *slash = strrchr(path, '/');
-    if (slash)
-        snprintf(cfg, sizeof cfg, "%.*s/tokenizer_config.json", (int)(slash - path), path);
-    else
-        snprintf(cfg, sizeof cfg, "tokenizer_config.json");
+    const int dl = slash ? (int)(slash - path) : 0;
+    snprintf(cfg, sizeof cfg, "%.*s%stokenizer_config.json", dl, path, slash ? "/" : "");
     char *txt = NULL;
     size_t len = 0;
     dt_status st = dt_file_read_all(cfg, (size_t)64 << 20, &txt, &len);
+    if (st == DT_ERR_NOT_FOUND)
+        dt_error_clear();
+    else if (st >= 0)
+        st = dt_tokenizer_apply_config(t, txt, len, cfg);
+    free(txt);
+    txt = NULL;
+    if (st < 0 && st != DT_ERR_NOT_FOUND)
+        return st;
+    snprintf(cfg, sizeof cfg, "%.*s%schat_template.jinja", dl, path, slash ? "/" : "");
+    st = dt_file_read_all(cfg, (size_t)1 << 20, &txt, &len);
     if (st == DT_ERR_NOT_FOUND) {
         dt_error_clear();
         return DT_OK;
     }
-    if (st < 0)
-        return st;
-    st = dt_tokenizer_apply_config(t, txt, len, cfg);
+    if (st >= 0)
+        st = dt_tokenizer_set_chat_template(t, txt, len, cfg);
     free(txt);
     return st;
 }

@@ -151,8 +151,8 @@ TEST(bad_specs_and_files)
         {s[4], "/nonexistent/x.txt", DT_ERR_IO},
         {s[5], "empty file name", DT_ERR_INVALID_ARG},
         {s[6], "want text:", DT_ERR_INVALID_ARG},
-        /* TRL's conversational format: said what it needs (a chat template dtrain does not apply) */
-        {s[8], "a \"messages\" list (a conversation) needs its chat template applied first", DT_ERR_FORMAT},
+        /* TRL's conversational format with a tokenizer that has no chat template: said what it needs */
+        {s[8], "needs the tokenizer's chat template, and this tokenizer has none", DT_ERR_INVALID_ARG},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         ASSERT_EQ_INT(open_fails(i, cases[i].spec, t, &kp, cases[i].st, cases[i].msg), 0);

@@ -705,6 +705,108 @@ TEST(generate_stops_at_the_tokenizers_eos)
     ASSERT(strlen(c.out) > strlen(a.out));
 }
 
+/* Conversations through the CLI: a model directory's tokenizer with a chat template (tokenizer_config.json);
+ * `dtrain generate --chat on --system S --prompt P` gives the tokens of the template's rendering of
+ * [system, user] with the generation prompt (the same output as --prompt-ids of those ids); `dtrain train` on
+ * TRL's {"messages": [...]} lines trains, and its checkpoint keeps the template for generate --ckpt --chat. Misuse
+ * exits 2, named. */
+TEST(chat_template_cli)
+{
+    char src[1024], dir[700], cmd[2600];
+    snprintf(src, sizeof src, "%s/tests/data/tokenizer/llama3.json", DT_SOURCE_DIR);
+    snprintf(dir, sizeof dir, "%s", tp(3, "chat_tokdir"));
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/tokenizer.json'", dir, src, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    const char *cfg =
+        "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\", \"chat_template\": \"{{ bos_token }}"
+        "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | "
+        "trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant"
+        "<|end_header_id|>\\n\\n' }}{% endif %}\"}";
+    ASSERT(t_write_in(dir, "tokenizer_config.json", cfg));
+    dt_tokenizer *t = NULL;
+    ASSERT_OK(dt_tokenizer_load(dir, &t));
+    const char *conv = "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+                       "\"Who made the light?\"}]";
+    char *text = NULL, list[512] = "";
+    size_t tl = 0;
+    ASSERT_OK(dt_tokenizer_render_chat(t, conv, strlen(conv), true, NULL, 0, &text, &tl));
+    ASSERT_STR_CONTAINS(text, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    uint32_t *ids;
+    int64_t n;
+    ASSERT_OK(dt_tokenizer_encode(t, text, tl, false, &ids, &n));
+    for (int64_t i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%u", i ? "," : "", ids[i]);
+    free(ids);
+    free(text);
+    char vs[32];
+    snprintf(vs, sizeof vs, "%lld", (long long)dt_tokenizer_vocab_size(t));
+    static cli_result a, b;
+    cli_runv(&a, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--prompt-ids", list,
+                                      "--temperature", "0", "--max-new-tokens", "5", "--eos-id", "none", NULL});
+    cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--chat", "on", "--system", "Be brief.", "--prompt", "Who made the light?",
+                                      "--temperature", "0", "--max-new-tokens", "5", "--eos-id", "none", NULL});
+    if (a.code != 0 || b.code != 0)
+        fprintf(stderr, "%s\n%s\n%s\n%s\n", a.out, a.err, b.out, b.err);
+    ASSERT_EQ_INT(b.code, 0);
+    ASSERT_STR_CONTAINS(b.out, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>");
+    ASSERT_EQ_INT(a.code, 0);
+    uint32_t got[128]; /* --prompt-ids prints "p1 ... pn | t1 ... tk": decoded, the chat run's text */
+    int64_t ng = 0;
+    for (char *p = a.out, *e; *p && ng < 128;) {
+        unsigned long v = strtoul(p, &e, 10);
+        if (e == p) {
+            p++;
+            continue;
+        }
+        got[ng++] = (uint32_t)v;
+        p = e;
+    }
+    ASSERT_EQ_INT(ng, n + 5);
+    char *want;
+    size_t wl;
+    ASSERT_OK(dt_tokenizer_decode(t, got, ng, false, &want, &wl));
+    ASSERT(strlen(b.out) == wl + 1 && !strncmp(b.out, want, wl));
+    free(want);
+    dt_tokenizer_free(t);
+    /* training on conversations, the template kept by the checkpoint */
+    char *data = tp(4, "chats.jsonl"), *ck = tp(5, "chat_ck");
+    FILE *f = fopen(data, "w");
+    ASSERT(f != NULL);
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"Who made the light? %d\"}, {\"role\": "
+                   "\"assistant\", \"content\": \"God made the light on day %d.\"}]}\n", i, i % 7);
+    fclose(f);
+    char spec[700];
+    snprintf(spec, sizeof spec, "jsonl:%s", data);
+    cli_result r;
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", dir, "--data", spec, "--seq",
+                                       "32", "--batch", "4", "--max-steps", "2", "--no-eval", "--save", ck,
+                                       "--threads", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--ckpt", ck, "--chat", "on", "--prompt", "Who made the light?",
+                                      "--temperature", "0", "--max-new-tokens", "3", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWho made the light?");
+    /* misuse */
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--prompt-ids", "1,2",
+                                      "--chat", "on", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--chat goes with --prompt through a tokenizer.json");
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--system", "x", "--prompt", "hi", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "give --chat on");
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", src,
+                                      "--chat", "on", "--prompt", "hi", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "has none");
+}
+
 int main(void)
 {
     RUN(train_encode_split_decode);
@@ -714,6 +816,7 @@ int main(void)
     RUN(train_loss_mask);
     RUN(generate_with_tokenizer);
     RUN(generate_stops_at_the_tokenizers_eos);
+    RUN(chat_template_cli);
     RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);

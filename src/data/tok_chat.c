@@ -1,0 +1,235 @@
+/* A tokenizer's chat template (tokenizer.h: dt_tokenizer_chat_template,
+ * dt_tokenizer_render_chat).
+ *
+ * transformers keeps an instruct model's conversation format as Jinja text:
+ * "chat_template" in tokenizer_config.json (a string, or a list of
+ * {"name", "template"} of which "default" is used), or the file
+ * chat_template.jinja beside it, which wins. apply_chat_template (as of
+ * transformers 5) renders it with the variables messages (each without its
+ * null keys, an assistant's reasoning under all its names), tools and
+ * documents (None when not given), add_generation_prompt, the special
+ * tokens' texts (bos_token, eos_token, unk_token, pad_token) and any
+ * further keyword arguments; chat_template.c is the renderer. The
+ * text rendered holds the template's special tokens as text; encoding it
+ * without add_special finds them as added tokens, as apply_chat_template's
+ * tokenize=True does (add_special_tokens=False). */
+#include "base/json_strict.h"
+#include "chat_template.h"
+#include "tok_impl.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TEMPLATE ((size_t)1 << 20) /* the largest real templates are ~20 KB */
+
+/* The template of tokenizer_config.json root's "chat_template" (name: the file): a string, a list of named
+ * templates ("default" used; none so named: none), null or absent: none. */
+dt_status dt__tok_config_chat(const cJSON *root, const char *name, char **tmpl)
+{
+    *tmpl = NULL;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
+    if (cJSON_IsArray(c)) {
+        const cJSON *e, *pick = NULL;
+        int i = 0;
+        cJSON_ArrayForEach(e, c) {
+            const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "template");
+            if (!cJSON_IsObject(e) || !cJSON_IsString(n) || !cJSON_IsString(t))
+                return dt_error(DT_ERR_FORMAT, "%s: key \"chat_template[%d]\": want {\"name\": ..., \"template\": ...}",
+                                name, i);
+            if (!strcmp(n->valuestring, "default"))
+                pick = t;
+            i++;
+        }
+        c = pick;
+    }
+    if (!c || cJSON_IsNull(c))
+        return DT_OK;
+    if (!cJSON_IsString(c))
+        return dt_error(DT_ERR_FORMAT, "%s: key \"chat_template\": want a string, a list of named templates or null",
+                        name);
+    if (strlen(c->valuestring) > MAX_TEMPLATE)
+        return dt_error(DT_ERR_FORMAT, "%s: key \"chat_template\": longer than %zu bytes", name, MAX_TEMPLATE);
+    if (!(*tmpl = strdup(c->valuestring)))
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", name);
+    return DT_OK;
+}
+
+const char *dt_tokenizer_chat_template(const dt_tokenizer *t) { return t ? t->chat_template : NULL; }
+
+dt_status dt_tokenizer_set_chat_template(dt_tokenizer *t, const char *tmpl, size_t n, const char *name)
+{
+    if (!t || (!tmpl && n))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_set_chat_template: NULL argument");
+    if (n > MAX_TEMPLATE)
+        return dt_error(DT_ERR_FORMAT, "%s: a chat template longer than %zu bytes", name ? name : "<memory>",
+                        MAX_TEMPLATE);
+    if (tmpl && memchr(tmpl, 0, n))
+        return dt_error(DT_ERR_FORMAT, "%s: the chat template holds a NUL byte", name ? name : "<memory>");
+    char *c = NULL, *s = strdup(name ? name : "<memory>");
+    if (tmpl && (c = malloc(n + 1))) {
+        memcpy(c, tmpl, n);
+        c[n] = 0;
+    }
+    if (!s || (tmpl && !c)) {
+        free(c);
+        free(s);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_tokenizer_set_chat_template: out of memory");
+    }
+    free(t->chat_template);
+    free(t->chat_template_src);
+    t->chat_template = c;
+    t->chat_template_src = s;
+    return DT_OK;
+}
+
+/* The text of token id as the tokenizer's files write it (an added token's content, else its vocab entry), into
+ * o[key]; nothing when has is false. */
+static bool add_token_text(cJSON *o, const char *key, const dt_tokenizer *t, bool has, uint32_t id)
+{
+    if (!has || id >= t->nid)
+        return true;
+    const char *s = NULL;
+    size_t n = 0;
+    if (t->added_by_id[id] != TOK_NONE) {
+        s = t->pool.p + t->added[t->added_by_id[id]].off;
+        n = strlen(s);
+    } else if (t->id_len[id] != TOK_NONE) {
+        s = t->pool.p + t->id_off[id];
+        n = t->id_len[id];
+    }
+    if (!s)
+        return true;
+    char *c = malloc(n + 1);
+    if (!c)
+        return false;
+    memcpy(c, s, n);
+    c[n] = 0;
+    const bool ok = cJSON_AddStringToObject(o, key, c) != NULL;
+    free(c);
+    return ok;
+}
+
+/* Message m as transformers 5's apply_chat_template hands it to the template: its keys whose value is null
+ * dropped (_normalize_chat_messages), and the reasoning of an assistant turn under every name templates read
+ * (_alias_reasoning_fields: the first non-null of reasoning_content, thinking, reasoning becomes "thinking",
+ * first, unless the message has one, and "reasoning_content"). Its values are references to m's. */
+static cJSON *template_message(const cJSON *m)
+{
+    static const char *const names[] = {"reasoning_content", "thinking", "reasoning"};
+    const cJSON *r = NULL, *e;
+    for (size_t k = 0; !r && k < sizeof names / sizeof names[0]; k++) {
+        e = cJSON_GetObjectItemCaseSensitive(m, names[k]);
+        r = e && !cJSON_IsNull(e) ? e : NULL;
+    }
+    const cJSON *th = cJSON_GetObjectItemCaseSensitive(m, "thinking");
+    cJSON *o = cJSON_CreateObject();
+    bool ok = o && (!r || cJSON_AddItemReferenceToObject(o, "thinking", (cJSON *)(th && !cJSON_IsNull(th) ? th : r)));
+    cJSON_ArrayForEach(e, m) {
+        if (!ok)
+            break;
+        if (cJSON_IsNull(e) || (r && !strcmp(e->string, "thinking")))
+            continue;
+        ok = cJSON_AddItemReferenceToObject(o, e->string, (cJSON *)e);
+    }
+    if (ok && r && !cJSON_GetObjectItemCaseSensitive(o, "reasoning_content"))
+        ok = cJSON_AddItemReferenceToObject(o, "reasoning_content", (cJSON *)r);
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool add_generation_prompt,
+                              const cJSON *tools, const cJSON *kwargs, const char *where, char **text, size_t *len)
+{
+    *text = NULL;
+    *len = 0;
+    if (!t->chat_template)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: a conversation needs the tokenizer's chat template, and this "
+                        "tokenizer has none (transformers reads it from tokenizer_config.json's \"chat_template\" or "
+                        "a chat_template.jinja beside the tokenizer.json)", where);
+    if (!cJSON_IsArray(messages))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: want the conversation as a list of messages", where);
+    const cJSON *m;
+    int i = 0;
+    cJSON_ArrayForEach(m, messages) { /* what apply_chat_template itself needs of a message */
+        if (!cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "role")))
+            return dt_error(DT_ERR_INVALID_ARG, "%s: message %d: want an object with a string \"role\"", where, i);
+        i++;
+    }
+    if (!i)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: an empty conversation (apply_chat_template refuses it too)", where);
+    if (kwargs && !cJSON_IsNull(kwargs) && !cJSON_IsObject(kwargs))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the chat template's keyword arguments must be a JSON object", where);
+    cJSON *ctx = cJSON_CreateObject();
+    bool ok = ctx && add_token_text(ctx, "bos_token", t, t->has_cfg_bos, t->cfg_bos) &&
+              add_token_text(ctx, "eos_token", t, t->has_cfg_eos, t->cfg_eos) &&
+              add_token_text(ctx, "unk_token", t, t->unk != TOK_NONE, t->unk) &&
+              (!t->cfg_pad || cJSON_AddStringToObject(ctx, "pad_token", t->cfg_pad));
+    const cJSON *kw;
+    if (ok && cJSON_IsObject(kwargs)) /* enable_thinking, ...: as apply_chat_template's **kwargs */
+        cJSON_ArrayForEach(kw, kwargs) {
+            cJSON *d = cJSON_Duplicate(kw, true);
+            cJSON_DeleteItemFromObjectCaseSensitive(ctx, kw->string);
+            if (!d || !cJSON_AddItemToObject(ctx, kw->string, d)) {
+                cJSON_Delete(d);
+                ok = false;
+                break;
+            }
+        }
+    /* tools and documents are always there (None when not given), as apply_chat_template passes them */
+    const cJSON *docs = cJSON_GetObjectItemCaseSensitive(kwargs, "documents");
+    static const char *const fixed[] = {"messages", "add_generation_prompt", "tools", "documents"};
+    for (size_t k = 0; ok && k < sizeof fixed / sizeof fixed[0]; k++)
+        cJSON_DeleteItemFromObjectCaseSensitive(ctx, fixed[k]);
+    cJSON *msgs = ok ? cJSON_AddArrayToObject(ctx, "messages") : NULL;
+    cJSON_ArrayForEach(m, messages) {
+        cJSON *c = msgs ? template_message(m) : NULL;
+        if (!c || !cJSON_AddItemToArray(msgs, c)) {
+            cJSON_Delete(c);
+            ok = false;
+            break;
+        }
+    }
+    ok = ok && msgs && cJSON_AddBoolToObject(ctx, "add_generation_prompt", add_generation_prompt) &&
+         (tools ? cJSON_AddItemReferenceToObject(ctx, "tools", (cJSON *)tools) != 0
+                : cJSON_AddNullToObject(ctx, "tools") != NULL) &&
+         (docs ? cJSON_AddItemReferenceToObject(ctx, "documents", (cJSON *)docs) != 0
+               : cJSON_AddNullToObject(ctx, "documents") != NULL);
+    dt_status st = ok ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
+    if (st == DT_OK) {
+        char name[700];
+        snprintf(name, sizeof name, "%s (%s)", t->chat_template_src ? t->chat_template_src : "the chat template",
+                 where);
+        st = dt__chat_render(t->chat_template, strlen(t->chat_template), name, ctx, text, len);
+    }
+    cJSON_Delete(ctx);
+    return st;
+}
+
+dt_status dt_tokenizer_render_chat(const dt_tokenizer *t, const char *conversation, size_t n,
+                                   bool add_generation_prompt, const char *kwargs, size_t kn, char **text,
+                                   size_t *len)
+{
+    if (!text || !len)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_render_chat: NULL argument");
+    *text = NULL;
+    *len = 0;
+    if (!t || !conversation || (!kwargs && kn))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_render_chat: NULL argument");
+    cJSON *msgs = NULL, *kw = NULL;
+    dt_status st = dt__json_parse_strict(conversation, n, "the conversation", &msgs);
+    if (st >= 0 && kwargs)
+        st = dt__json_parse_strict(kwargs, kn, "the chat template's keyword arguments", &kw);
+    if (st >= 0) {
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(kw, "tools");
+        st = dt__tok_render_chat(t, msgs, add_generation_prompt, tools, kw, "the conversation", text, len);
+    }
+    cJSON_Delete(msgs);
+    cJSON_Delete(kw);
+    return st;
+}
