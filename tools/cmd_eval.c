@@ -33,8 +33,9 @@ static void usage(FILE *f)
                "accuracy). DIR is a `dtrain train --save` directory (its newest complete checkpoint)\n"
                "or one step-N checkpoint. The model and data are those the checkpoint was trained\n"
                "with (a LoRA run's model with its adapters and --freeze, a --loss-mask run's loss on\n"
-               "the completions; text data through the tokenizer.json a --tokenizer run keeps, unless\n"
-               "--tokenizer FILE is given: the command says which); any `dtrain train` option\n"
+               "the completions, an --assistant-only-loss run's on the assistant's turns; text data\n"
+               "through the tokenizer.json a --tokenizer run keeps, unless --tokenizer FILE is given:\n"
+               "the command says which); any `dtrain train` option\n"
                "given here overrides them (--data SPEC, --limit-test N, --batch N, --threads N,\n"
                "--metrics FILE; --lora-* options other than the checkpoint's are refused, and so are\n"
                "--init-from, --resume, --save, --save-hf, --save-lora, --plan and --no-eval).\n"
@@ -81,7 +82,7 @@ int dt_cmd_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *weights = NULL, *hf = NULL, *data_arg = NULL, *val_arg = NULL, *tok_arg = NULL;
     bool vocab_given = false;
-    bool json = false, val_given = false, mask_given = false;
+    bool json = false, val_given = false, mask_given = false, amask_given = false;
     int nrest = 0;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     if (!rest) {
@@ -130,6 +131,7 @@ int dt_cmd_eval(int argc, char **argv)
         val_given |= !strcmp(argv[i], "--val-data");
         vocab_given |= !strcmp(argv[i], "--vocab") || !strncmp(argv[i], "--vocab=", 8);
         mask_given |= !strcmp(argv[i], "--loss-mask");
+        amask_given |= !strcmp(argv[i], "--assistant-only-loss");
         rest[nrest++] = argv[i];
     }
     if (!ckpt && !weights && hf && *hf)
@@ -238,6 +240,10 @@ int dt_cmd_eval(int argc, char **argv)
     /* a --loss-mask run: its prompt/completion data evaluated on the completions (unless other data is given) */
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(user, "loss_mask")) && !data_arg && !val_given && !mask_given)
         targv[n++] = "--loss-mask";
+    /* an --assistant-only-loss run: its conversations evaluated on the assistant's turns */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(user, "assistant_only_loss")) && !data_arg && !val_given &&
+        !amask_given)
+        targv[n++] = "--assistant-only-loss";
     targv[n++] = "--progress";
     targv[n++] = "none";
     for (int i = 0; i < nrest; i++)

@@ -75,6 +75,7 @@ typedef struct dt__train_opts {
     const char *tokenizer;    /* tokenizer.json for --data text:/jsonl: */
     bool tokenizer_of_model;  /* tokenizer is --model hf:DIR's own tokenizer.json (not given) */
     bool loss_mask;           /* --loss-mask: prompt/completion jsonl, the loss on the completions only */
+    bool assistant_only_loss; /* --assistant-only-loss: conversations, the loss on the assistant's turns only */
     const char *freeze;       /* comma-separated name patterns of frozen parameters (NULL = none) */
     const char *lora_targets; /* LoRA: comma-separated layer names (NULL = no LoRA) */
     int64_t lora_r;           /* 0 = 8 */

@@ -173,6 +173,12 @@ static const opt_def opts[] = {
      "--val-data; with --model hf:DIR the default is DIR's tokenizer.json, when it has one); the model's "
      "vocabulary is its size unless --vocab-size; --save-hf writes it with the model, --save checkpoints keep it "
      "(dtrain generate --ckpt DIR --prompt TEXT)"},
+    {"assistant-only-loss", OPT_FLAG, OFF(assistant_only_loss), 0, 0, NULL, NULL,
+     "GPT models on conversations (--data jsonl:FILE of \"messages\" lists; --val-data too): the loss counts only "
+     "the tokens the tokenizer's chat template writes inside its {% generation %} blocks (the assistant's turns), "
+     "the others are label -100; TRL's assistant_only_loss=True (transformers' assistant mask). A template without "
+     "such blocks, text lines and a conversation with no assistant token are refused (exit 2); with --loss-mask on "
+     "prompt/completion conversations a target must be both"},
     {"loss-mask", OPT_FLAG, OFF(loss_mask), 0, 0, NULL, NULL,
      "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY], keys prompt and "
      "completion by default; --val-data too): the loss counts only the completion tokens and the end-of-document "
@@ -776,6 +782,12 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {
         dt__cli_err("dtrain train: --save-lora goes with --lora-targets NAME[,NAME...] or --lora-from DIR\n");
+        return 2;
+    }
+    if (o->assistant_only_loss &&
+        (!lm || strncmp(o->data, "jsonl:", 6) || (o->val_data && strncmp(o->val_data, "jsonl:", 6)))) {
+        dt__cli_err("dtrain train: --assistant-only-loss takes GPT models on conversations: --data (and --val-data) "
+                    "jsonl:FILE[,FILE...] of \"messages\" lists, with a tokenizer that has a chat template\n");
         return 2;
     }
     if (o->loss_mask &&

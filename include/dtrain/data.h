@@ -375,6 +375,15 @@ typedef struct dt_tokens_params {
                               completion_only_loss, Axolotl's train_on_inputs:
                               false). Token files have no prompts: refused
                               there (DT_ERR_INVALID_ARG). Default false */
+    bool assistant_only_loss; /* conversations (dt_dataset_text_open's jsonl
+                              lines of messages): only the targets that the
+                              chat template's {% generation %} blocks wrote
+                              (the assistant's turns) are counted, the others
+                              DT_K_IGNORE_INDEX (TRL's assistant_only_loss,
+                              transformers' assistant mask). Refused for text
+                              lines, token files, a template without such
+                              blocks and a conversation with no assistant
+                              token (DT_ERR_INVALID_ARG). Default false */
 } dt_tokens_params;
 DT_API dt_tokens_params dt_tokens_params_default(void);
 /* Item i is the window of T + 1 tokens starting at i * stride: x = its

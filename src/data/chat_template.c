@@ -1363,6 +1363,7 @@ static ct_node *statement(parser *p)
         expect_bend(p, "generation");
         static const char *const ends[] = {"endgeneration", NULL};
         n = node(p, N_WITH, line);
+        n->op = 'g';
         n->b = body(p, ends, "generation", line);
         nxt(p);
         expect_bend(p, "endgeneration");
@@ -1546,22 +1547,53 @@ static void render(ct_ctx *c, const char *tmpl, size_t n, const cJSON *ctx)
 
 /* The render proper, with the jump target; c owns everything it allocates. */
 static dt_status render_guarded(ct_ctx *c, const char *tmpl, size_t n, const cJSON *ctx, char **out,
-                                size_t *out_len)
+                                size_t *out_len, size_t **spans, size_t *nspans)
 {
     if (setjmp(c->jmp))
         return c->st;
     render(c, tmpl, n, ctx);
-    *out = c->out ? c->out : malloc(1);
-    if (!*out)
+    size_t *sp = NULL;
+    if (spans && !(sp = malloc((c->ngen ? 2 * c->ngen : 1) * sizeof *sp)))
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", c->name);
+    *out = c->out ? c->out : malloc(1);
+    if (!*out) {
+        free(sp);
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", c->name);
+    }
     (*out)[c->out_n] = 0;
     *out_len = c->out_n;
     c->out = NULL;
+    if (spans) {
+        if (c->ngen)
+            memcpy(sp, c->gen, 2 * c->ngen * sizeof *sp);
+        *spans = sp;
+        *nspans = c->ngen;
+    }
     return DT_OK;
+}
+
+dt_status dt__chat_render_spans(const char *tmpl, size_t n, const char *name, const cJSON *ctx, char **out,
+                                size_t *out_len, size_t **spans, size_t *nspans)
+{
+    ct_limits l;
+    dt__chat_limits_default(&l);
+    if (spans)
+        *spans = NULL;
+    if (nspans)
+        *nspans = 0;
+    if (!spans || !nspans)
+        return dt_error(DT_ERR_NULL, "dt__chat_render_spans: NULL spans");
+    return dt__chat_render_core(tmpl, n, name, ctx, &l, out, out_len, spans, nspans);
 }
 
 dt_status dt__chat_render_limited(const char *tmpl, size_t n, const char *name, const cJSON *ctx,
                                   const ct_limits *lim, char **out, size_t *out_len)
+{
+    return dt__chat_render_core(tmpl, n, name, ctx, lim, out, out_len, NULL, NULL);
+}
+
+dt_status dt__chat_render_core(const char *tmpl, size_t n, const char *name, const cJSON *ctx, const ct_limits *lim,
+                               char **out, size_t *out_len, size_t **spans, size_t *nspans)
 {
     if (out)
         *out = NULL;
@@ -1585,7 +1617,8 @@ dt_status dt__chat_render_limited(const char *tmpl, size_t n, const char *name, 
     c->name = name;
     c->lim = *lim;
     c->arena.limit = lim->max_memory;
-    dt_status st = render_guarded(c, tmpl, n, ctx, out, out_len);
+    c->track_gen = spans != NULL;
+    dt_status st = render_guarded(c, tmpl, n, ctx, out, out_len, spans, nspans);
     free(c->out);
     arena_free(c);
     free(c);

@@ -54,5 +54,13 @@
  * the NUL; on error *out is NULL and *out_len 0. */
 dt_status dt__chat_render(const char *tmpl, size_t n, const char *name, const cJSON *ctx, char **out,
                           size_t *out_len);
+/* The same, and where the output of each {% generation %} block is
+ * (transformers' return_assistant_tokens_mask): *spans (malloc'd; free it)
+ * holds *nspans [start, end) byte ranges of *out, in the order rendered. A
+ * generation block inside a macro, call, set or filter block is
+ * DT_ERR_UNSUPPORTED here (transformers marks other text than its output
+ * then). */
+dt_status dt__chat_render_spans(const char *tmpl, size_t n, const char *name, const cJSON *ctx, char **out,
+                                size_t *out_len, size_t **spans, size_t *nspans);
 
 #endif

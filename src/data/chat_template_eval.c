@@ -93,7 +93,9 @@ static void emit(ct_ctx *c, const char *s, size_t n)
 static ct_val capture(ct_ctx *c, const ct_node *body, ct_frame *f, int *sig)
 {
     size_t start = c->out_n;
+    c->capturing++;
     int s = exec(c, body, f);
+    c->capturing--;
     if (sig)
         *sig = s;
     ct_val v = ct_str(ct_strdup(c, c->out ? c->out + start : "", c->out_n - start), c->out_n - start);
@@ -474,7 +476,28 @@ static int exec(ct_ctx *c, const ct_node *n, ct_frame *f)
         ct_frame *fr = frame_new(c, f);
         for (size_t i = 0; i < n->nk; i++)
             frame_set(c, fr, n->names[i], eval(c, n->kids[i], f));
-        return exec(c, n->b, fr);
+        if (n->op != 'g' || !c->track_gen)
+            return exec(c, n->b, fr);
+        /* transformers' assistant mask: the output of the block, where the template's output stands then (inside
+           a capture, that is not where the block's text lands: transformers marks other text then) */
+        if (c->capturing)
+            ct_fail(c, n->line, DT_ERR_UNSUPPORTED, "a generation block inside a macro, call, set or filter block "
+                    "(its text's place in the output is not known while it is rendered: the assistant mask would "
+                    "mark other text, as transformers' does)");
+        const size_t start = c->out_n;
+        const int sig = exec(c, n->b, fr);
+        if (c->ngen == c->gen_cap) {
+            size_t cap = c->gen_cap ? 2 * c->gen_cap : 16;
+            size_t *g = ct_alloc(c, 2 * cap * sizeof *g);
+            if (c->ngen)
+                memcpy(g, c->gen, 2 * c->ngen * sizeof *g);
+            c->gen = g;
+            c->gen_cap = cap;
+        }
+        c->gen[2 * c->ngen] = start;
+        c->gen[2 * c->ngen + 1] = c->out_n;
+        c->ngen++;
+        return sig;
     }
     case N_BREAK: return SIG_BREAK;
     case N_CONTINUE: return SIG_CONTINUE;

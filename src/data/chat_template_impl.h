@@ -34,6 +34,9 @@ typedef struct ct_limits {
 void dt__chat_limits_default(ct_limits *l);
 dt_status dt__chat_render_limited(const char *tmpl, size_t n, const char *name, const cJSON *ctx,
                                   const ct_limits *lim, char **out, size_t *out_len);
+/* The same recording the generation blocks (spans non-NULL: dt__chat_render_spans). */
+dt_status dt__chat_render_core(const char *tmpl, size_t n, const char *name, const cJSON *ctx, const ct_limits *lim,
+                               char **out, size_t *out_len, size_t **spans, size_t *nspans);
 
 #define CT_MAX_NEST 256   /* template nesting: blocks and expression parentheses */
 #define CT_MAX_DEPTH 1000 /* value nesting (repr, tojson, ==) */
@@ -141,7 +144,8 @@ typedef struct ct_node ct_node;
 struct ct_node {
     ct_nkind k;
     int line;
-    int op;              /* N_BIN: '+', '-', '*', '/', 'f' (//), '%', 'p' (**); N_TEST: negated */
+    int op;              /* N_BIN: '+', '-', '*', '/', 'f' (//), '%', 'p' (**); N_TEST: negated; N_WITH: 'g' for
+                            transformers' generation block */
     const char *name;    /* N_NAME, N_ATTR, N_FILTER, N_TEST, N_MACRO; N_TEXT: the text */
     size_t len;          /* N_TEXT: its length; N_FILTER, N_TEST: 1 if jinja2 has no such one */
     ct_val lit;          /* N_LIT */
@@ -180,6 +184,10 @@ typedef struct ct_ctx {
     int calls, depth;     /* nested macro calls; value nesting of the walk in progress */
     int expr_depth;       /* of the expression being evaluated */
     int line;             /* of the node being run, for errors outside one */
+    int capturing;        /* captures (macros, set and filter blocks) in progress */
+    bool track_gen;       /* record the generation blocks' output (dt__chat_render_spans) */
+    size_t *gen;          /* ... [start, end) byte pairs of the output (in the arena) */
+    size_t ngen, gen_cap; /* ... pairs held, room */
 } ct_ctx;
 
 /* A string being built in the arena. */

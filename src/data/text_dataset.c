@@ -170,6 +170,7 @@ static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char
 typedef struct jkeys {
     const char *field, *prompt, *completion;
     bool field_given; /* field= named it (else "text", and a line without it may be a "messages" conversation) */
+    bool assistant_only; /* assistant_only_loss: conversations only, their {% generation %} text counted */
 } jkeys;
 
 /* The string `key` of object o, or an error naming the line and the key. */
@@ -189,14 +190,17 @@ static dt_status jstring(const cJSON *o, const char *key, const char *opt, const
  * (apply_chat_template with the line's "tools" and "chat_template_kwargs"), nothing added after them (the
  * template ends each turn; TRL's SFTTrainer adds no end-of-document token to a conversation). With prompt, the
  * prompt is rendered with the generation prompt (its targets not counted under completion_only_loss), and the
- * completion is what the whole conversation's rendering adds after it. */
+ * completion is what the whole conversation's rendering adds after it. With assistant_only, only the text the
+ * template's {% generation %} blocks wrote is counted (transformers' assistant mask, TRL's assistant_only_loss):
+ * the text is encoded piece by piece between those edges, which must be token edges of the whole text's encoding
+ * (checked: then the tokens counted are exactly those transformers' mask marks). */
 static dt_status add_chat(acc *a, const dt_tokenizer *t, const cJSON *o, const cJSON *prompt, const cJSON *msgs,
-                          uint32_t eos, const char *where)
+                          bool assistant_only, const char *where)
 {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs");
     char *pt = NULL, *full = NULL;
-    size_t pn = 0, fn = 0;
+    size_t pn = 0, fn = 0, *sp = NULL, nsp = 0;
     cJSON *all = NULL;
     dt_status st = DT_OK;
     if (prompt) { /* prompt + completion, as one list */
@@ -216,21 +220,62 @@ static dt_status add_chat(acc *a, const dt_tokenizer *t, const cJSON *o, const c
         if (!all)
             st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
         if (st == DT_OK)
-            st = dt__tok_render_chat(t, prompt, true, tools, kw, where, &pt, &pn);
+            st = dt__tok_render_chat(t, prompt, true, tools, kw, where, &pt, &pn, NULL, NULL);
     }
     if (st == DT_OK)
-        st = dt__tok_render_chat(t, all ? all : msgs, false, tools, kw, where, &full, &fn);
+        st = dt__tok_render_chat(t, all ? all : msgs, false, tools, kw, where, &full, &fn,
+                                 assistant_only ? &sp : NULL, assistant_only ? &nsp : NULL);
     if (st == DT_OK && prompt && (fn < pn || memcmp(full, pt, pn)))
         st = dt_error(DT_ERR_INVALID_ARG, "%s: the chat template renders the prompt (with its generation prompt) as "
                       "other text than the start of the whole conversation, so the completion cannot be told "
                       "apart: write this line's prompt and completion as text", where);
-    if (st == DT_OK && prompt)
-        st = add_text(a, t, pt, pn, false, false, eos, where);
-    if (st == DT_OK)
-        st = add_text(a, t, full + pn, fn - pn, true, false, eos, where);
+    if (st == DT_OK && assistant_only && !nsp)
+        st = dt_error(DT_ERR_INVALID_ARG, "%s: a loss on the assistant's turns only needs a chat template that marks "
+                      "them with {%% generation %%} ... {%% endgeneration %%}, and this one marks none (TRL refuses "
+                      "it too)", where);
+    /* the pieces: cut at the prompt's end and at each generation block's edges; counted: inside a block (with
+       assistant_only) and past the prompt (with a prompt) */
+    const int64_t first = a->n;
+    size_t at = 0;
+    while (st == DT_OK && at < fn) {
+        size_t cut = fn;
+        bool in = !assistant_only;
+        if (prompt && at < pn)
+            cut = pn;
+        for (size_t j = 0; assistant_only && j < nsp; j++) {
+            const size_t s0 = sp[2 * j], s1 = sp[2 * j + 1];
+            if (at >= s0 && at < s1) {
+                in = true;
+                cut = s1 < cut ? s1 : cut;
+            } else if (s0 > at && s0 < cut) {
+                cut = s0;
+            }
+        }
+        st = add_text(a, t, full + at, cut - at, in && (!prompt || at >= pn), false, 0, where);
+        at = cut;
+    }
+    if (st == DT_OK && assistant_only) { /* the pieces' tokens are the whole text's, or the mask is not exact */
+        uint32_t *ids = NULL;
+        int64_t ni = 0;
+        st = dt_tokenizer_encode(t, full, fn, false, &ids, &ni);
+        if (st < 0)
+            st = dt_error(st, "%s: %s", where, dt_last_error());
+        else if (ni != a->n - first || (ni && memcmp(ids, a->tok + first, (size_t)ni * sizeof *ids)))
+            st = dt_error(DT_ERR_UNSUPPORTED, "%s: a {%% generation %%} block of the chat template starts or ends "
+                          "inside a token of the conversation's encoding, so which tokens are the assistant's is not "
+                          "clear-cut (transformers counts every token the block's text touches)", where);
+        bool any = false;
+        for (int64_t i = first; st == DT_OK && i < a->n && !any; i++)
+            any = a->counted[i];
+        if (st == DT_OK && !any)
+            st = dt_error(DT_ERR_INVALID_ARG, "%s: the assistant's turns hold no token (an empty reply?): nothing of "
+                          "this conversation would be trained (TRL refuses it too)", where);
+        free(ids);
+    }
     cJSON_Delete(all);
     free(pt);
     free(full);
+    free(sp);
     return st;
 }
 
@@ -264,7 +309,10 @@ static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const ch
             if (!cJSON_IsObject(o))
                 st = dt_error(DT_ERR_FORMAT, "%s: want a JSON object, one a line", where);
             else if (chat)
-                st = add_chat(a, t, o, keys->prompt ? fv : NULL, keys->prompt ? cv : fv, eos, where);
+                st = add_chat(a, t, o, keys->prompt ? fv : NULL, keys->prompt ? cv : fv, keys->assistant_only, where);
+            else if (keys->assistant_only)
+                st = dt_error(DT_ERR_INVALID_ARG, "%s: a loss on the assistant's turns only needs conversations (a "
+                              "\"messages\" list, or prompt and completion lists), and this line is text", where);
             else if (!keys->prompt)
                 st = jstring(o, keys->field, "field", where, &co);
             else if ((st = jstring(o, keys->prompt, "prompt", where, &pr)) == DT_OK)
@@ -336,6 +384,9 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     if (jsonl && p->completion_only_loss && !keys.field && !keys.prompt && !keys.completion)
         keys.prompt = "prompt", keys.completion = "completion"; /* TRL's prompt-completion format */
     const char *bad = !nfiles                                            ? "no file"
+                      : p->assistant_only_loss && !jsonl
+                          ? "a loss on the assistant's turns only needs conversations: jsonl:FILE[,FILE...] of "
+                            "\"messages\" lists (TRL's conversational format)"
                       : keys.field && (keys.prompt || keys.completion) ? "field=KEY (one document a line) or "
                                                                            "prompt=KEY,completion=KEY, not both"
                       : !keys.prompt != !keys.completion               ? "prompt=KEY and completion=KEY go together"
@@ -348,9 +399,10 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
         return dt_error(DT_ERR_INVALID_ARG, "data %s: %s", spec, bad);
     }
     keys.field_given = keys.field != NULL;
+    keys.assistant_only = p->assistant_only_loss;
     if (!keys.field)
         keys.field = "text";
-    acc a = {.mask = p->completion_only_loss};
+    acc a = {.mask = p->completion_only_loss || p->assistant_only_loss};
     size_t left = strlen(spec + (jsonl ? 6 : 5)) + 1;
     for (char *s = list; st == DT_OK && s < list + left; s += strlen(s) + 1) {
         if (!strncmp(s, "field=", 6) || !strncmp(s, "prompt=", 7) || !strncmp(s, "completion=", 11))

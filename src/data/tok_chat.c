@@ -144,7 +144,8 @@ static cJSON *template_message(const cJSON *m)
 }
 
 dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool add_generation_prompt,
-                              const cJSON *tools, const cJSON *kwargs, const char *where, char **text, size_t *len)
+                              const cJSON *tools, const cJSON *kwargs, const char *where, char **text, size_t *len,
+                              size_t **spans, size_t *nspans)
 {
     *text = NULL;
     *len = 0;
@@ -205,7 +206,9 @@ dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool
         char name[700];
         snprintf(name, sizeof name, "%s (%s)", t->chat_template_src ? t->chat_template_src : "the chat template",
                  where);
-        st = dt__chat_render(t->chat_template, strlen(t->chat_template), name, ctx, text, len);
+        st = spans ? dt__chat_render_spans(t->chat_template, strlen(t->chat_template), name, ctx, text, len, spans,
+                                           nspans)
+                   : dt__chat_render(t->chat_template, strlen(t->chat_template), name, ctx, text, len);
     }
     cJSON_Delete(ctx);
     return st;
@@ -227,7 +230,8 @@ dt_status dt_tokenizer_render_chat(const dt_tokenizer *t, const char *conversati
         st = dt__json_parse_strict(kwargs, kn, "the chat template's keyword arguments", &kw);
     if (st >= 0) {
         const cJSON *tools = cJSON_GetObjectItemCaseSensitive(kw, "tools");
-        st = dt__tok_render_chat(t, msgs, add_generation_prompt, tools, kw, "the conversation", text, len);
+        st = dt__tok_render_chat(t, msgs, add_generation_prompt, tools, kw, "the conversation", text, len, NULL,
+                                 NULL);
     }
     cJSON_Delete(msgs);
     cJSON_Delete(kw);

@@ -113,11 +113,13 @@ dt_status dt__tok_config_chat(const struct cJSON *root, const char *name, char *
  * objects) with add_generation_prompt, tools (NULL: none) and the further
  * variables of object kwargs (NULL: none), as transformers'
  * apply_chat_template(tokenize=False): *text malloc'd. where names the
- * conversation in messages. DT_ERR_INVALID_ARG when t has no template, a
+ * conversation in messages. With spans, the [start, end) byte ranges of
+ * the text its {% generation %} blocks wrote too (*spans malloc'd, pairs;
+ * dt__chat_render_spans). DT_ERR_INVALID_ARG when t has no template, a
  * message is not an object with a string "role", or rendering fails. */
 dt_status dt__tok_render_chat(const dt_tokenizer *t, const struct cJSON *messages, bool add_generation_prompt,
                               const struct cJSON *tools, const struct cJSON *kwargs, const char *where, char **text,
-                              size_t *len);
+                              size_t *len, size_t **spans, size_t *nspans);
 
 /* Pool and map helpers (tok_json.c). */
 dt_status dt__tok_pool_add(tok_pool *p, const char *s, size_t n, uint32_t *off);

@@ -300,7 +300,8 @@ static const dt_dataset_vtable tokset_vt = {
 
 dt_tokens_params dt_tokens_params_default(void)
 {
-    return (dt_tokens_params){.seq_len = 0, .stride = 0, .vocab_size = 0, .completion_only_loss = false};
+    return (dt_tokens_params){.seq_len = 0, .stride = 0, .vocab_size = 0, .completion_only_loss = false,
+                              .assistant_only_loss = false};
 }
 
 dt_status dt_dataset_tokens_open(const char *path, const dt_tokens_params *p, dt_dataset **out)
@@ -315,10 +316,14 @@ dt_status dt_dataset_tokens_open(const char *path, const dt_tokens_params *p, dt
                         "token file %s: need 1 <= seq_len <= 2^24 (got %lld), stride >= 0 (%lld), vocab_size >= 0 "
                         "(%lld)",
                         path, (long long)p->seq_len, (long long)p->stride, (long long)p->vocab_size);
-    if (p->completion_only_loss)
+    if (p->completion_only_loss || p->assistant_only_loss)
         return dt_error(DT_ERR_INVALID_ARG,
-                        "token file %s: a loss on the completions only needs prompt/completion data (jsonl:FILE,"
-                        "prompt=KEY,completion=KEY); a token file has no prompts", path);
+                        p->completion_only_loss ? "token file %s: a loss on the completions only needs "
+                                                  "prompt/completion data (jsonl:FILE,prompt=KEY,completion=KEY); a "
+                                                  "token file has no prompts"
+                                                : "token file %s: a loss on the assistant's turns only needs "
+                                                  "conversations (jsonl:FILE of \"messages\" lists); a token file "
+                                                  "has none", path);
     tokset *s = calloc(1, sizeof *s);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "token file %s: out of memory", path);

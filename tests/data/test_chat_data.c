@@ -317,6 +317,96 @@ TEST(prompt_completion_conversations)
     dt_tokenizer_free(t);
 }
 
+/* A template marking the assistant's turns with {% generation %} (as SmolLM3's and TRL's own templates do). */
+#define GEN_TEMPLATE                                                                                                 \
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}<|start_header_id|>assistant"               \
+    "<|end_header_id|>\n\n{% generation %}{{ m.content }}<|eot_id|>{% endgeneration %}{% else %}"                     \
+    "<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+
+/* assistant_only_loss: the targets counted are the tokens the generation blocks wrote (transformers' assistant
+ * mask: the blocks' edges fall on token edges here, so exactly those tokens); a template without blocks, text
+ * lines, a block edge inside a token, a block inside a macro and a conversation with no assistant token are
+ * refused, named. */
+TEST(assistant_only_loss)
+{
+    dt_tokenizer *t = load_chat();
+    ASSERT(t != NULL);
+    ASSERT_OK(dt_tokenizer_set_chat_template(t, GEN_TEMPLATE, strlen(GEN_TEMPLATE), "gen.jinja"));
+    ASSERT(t_write_in(g_dir, "asst.jsonl", "{\"messages\": " CONV "}\n"
+                                           "{\"messages\": [{\"role\": \"user\", \"content\": \"And?\"}, "
+                                           "{\"role\": \"assistant\", \"content\": \"Light.\"}]}\n"));
+    int64_t want[512], lab[512], n = 0;
+    ASSERT_OK(put_ids(t, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are kind.<|eot_id|>"
+                         "<|start_header_id|>user<|end_header_id|>\n\n Hi there \n<|eot_id|><|start_header_id|>"
+                         "assistant<|end_header_id|>\n\n", want, lab, -100, &n));
+    ASSERT_OK(put_ids(t, "Hello!<|eot_id|>", want, lab, -1, &n));
+    ASSERT_OK(put_ids(t, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nAnd?<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\n", want, lab, -100, &n));
+    ASSERT_OK(put_ids(t, "Light.<|eot_id|>", want, lab, -1, &n));
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = n - 1;
+    kp.assistant_only_loss = true;
+    char spec[1400];
+    snprintf(spec, sizeof spec, "jsonl:%s/asst.jsonl", g_dir);
+    dt_dataset *ds = NULL;
+    ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+    ASSERT_EQ_INT(dt_dataset_length(ds), 1);
+    int64_t x[512], y[512], counted = 0, want_counted = 0;
+    ASSERT_OK(dt_dataset_get_item(ds, 0, x, y));
+    for (int64_t k = 0; k < n - 1; k++) {
+        ASSERT_EQ_INT(x[k], want[k]);
+        ASSERT_EQ_INT(y[k], lab[k + 1]);
+        counted += y[k] != -100;
+        want_counted += lab[k + 1] != -100;
+    }
+    ASSERT(counted > 4 && counted == want_counted);
+    dt_dataset_free(ds);
+    /* refusals */
+    struct {
+        const char *tmpl, *line, *msg;
+        dt_status st;
+    } bad[] = {
+        {LLAMA3_TEMPLATE, "{\"messages\": " CONV "}", "marks none", DT_ERR_INVALID_ARG},
+        {GEN_TEMPLATE, "{\"text\": \"In the beginning\"}", "this line is text", DT_ERR_INVALID_ARG},
+        {"{% for m in messages %}ear{% generation %}th{% endgeneration %}{% endfor %}", "{\"messages\": " CONV "}",
+         "inside a token", DT_ERR_UNSUPPORTED},
+        {"{% macro say(m) %}{% generation %}{{ m.content }}{% endgeneration %}{% endmacro %}"
+         "{% for m in messages %}{{ say(m) }}{% endfor %}", "{\"messages\": " CONV "}", "inside a macro",
+         DT_ERR_UNSUPPORTED},
+        {GEN_TEMPLATE, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", "
+                       "\"content\": \"\"}]}", "", DT_OK},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ASSERT_OK(dt_tokenizer_set_chat_template(t, bad[i].tmpl, strlen(bad[i].tmpl), "bad.jinja"));
+        ASSERT(t_write_in(g_dir, "bad.jsonl", bad[i].line));
+        snprintf(spec, sizeof spec, "jsonl:%s/bad.jsonl", g_dir);
+        kp.seq_len = 2;
+        dt_status st = dt_dataset_text_open(spec, t, &kp, &ds);
+        if (bad[i].st == DT_OK) { /* an empty reply still counts its <|eot_id|> */
+            ASSERT_OK(st);
+            dt_dataset_free(ds);
+            continue;
+        }
+        if (st != bad[i].st || !strstr(dt_last_error(), bad[i].msg))
+            fprintf(stderr, "case %zu: %d %s\n", i, (int)st, dt_last_error());
+        ASSERT_STATUS(st, bad[i].st);
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i].msg);
+        ASSERT_STR_CONTAINS(dt_last_error(), "bad.jsonl:1");
+    }
+    /* an assistant turn that writes nothing: nothing trained, refused */
+    const char *empty = "{% for m in messages %}{{ m.content }}{% if m.role == 'assistant' %}{% generation %}"
+                        "{% endgeneration %}{% endif %}{% endfor %}";
+    ASSERT_OK(dt_tokenizer_set_chat_template(t, empty, strlen(empty), "empty.jinja"));
+    snprintf(spec, sizeof spec, "jsonl:%s/asst.jsonl", g_dir);
+    ASSERT_STATUS(dt_dataset_text_open(spec, t, &kp, &ds), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "hold no token");
+    /* text: data */
+    snprintf(spec, sizeof spec, "text:%s/asst.jsonl", g_dir);
+    ASSERT_STATUS(dt_dataset_text_open(spec, t, &kp, &ds), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "needs conversations");
+    dt_tokenizer_free(t);
+}
+
 /* The export keeps the template (AutoTokenizer reads it back from tokenizer_config.json). */
 TEST(export_keeps_template)
 {
@@ -344,6 +434,7 @@ int main(void)
     RUN(render_errors);
     RUN(messages_lines);
     RUN(prompt_completion_conversations);
+    RUN(assistant_only_loss);
     RUN(export_keeps_template);
     t_rm_rf(g_dir);
     return TEST_REPORT();

@@ -792,6 +792,36 @@ TEST(chat_template_cli)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWho made the light?");
+    /* --assistant-only-loss: refused while the template marks no assistant turn, then trained with one that does
+       (and eval --ckpt evaluates the same way: the run's option is kept) */
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", dir, "--data", spec, "--seq",
+                                       "32", "--batch", "4", "--max-steps", "1", "--no-eval", "--assistant-only-loss",
+                                       "--threads", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "{% generation %}");
+    const char *gcfg =
+        "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\", \"chat_template\": \"{{ bos_token }}"
+        "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\\n\\n{% if m.role == 'assistant' %}"
+        "{% generation %}{{ m.content }}<|eot_id|>{% endgeneration %}{% else %}{{ m.content }}<|eot_id|>{% endif %}"
+        "{% endfor %}\"}";
+    ASSERT(t_write_in(dir, "tokenizer_config.json", gcfg));
+    char *ck2 = tp(5, "chat_ck_asst");
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", dir, "--data", spec, "--seq",
+                                       "32", "--batch", "4", "--max-steps", "2", "--assistant-only-loss", "--val-data",
+                                       spec, "--save", ck2, "--threads", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 120, NULL, (char *[]){"eval", "--ckpt", ck2, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    char txt[700];
+    snprintf(txt, sizeof txt, "text:%s", data);
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", dir, "--data", txt,
+                                      "--assistant-only-loss", "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--assistant-only-loss takes GPT models on conversations");
     /* misuse */
     cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--prompt-ids", "1,2",
                                       "--chat", "on", NULL});
