@@ -34,6 +34,33 @@ static inline const char *t_tmpdir(const char *name)
     return dir;
 }
 
+/* The whole file at path, NUL-terminated (free it), its length in *n (n
+ * may be NULL); NULL when it cannot be read. */
+static inline char *t_slurp(const char *path, size_t *n)
+{
+    if (n)
+        *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, got; /* read to the end: /proc files say they are empty */
+    char *b = malloc(cap + 1);
+    while (b && (got = fread(b + len, 1, cap - len, f)) > 0)
+        if ((len += got) == cap) {
+            char *nb = realloc(b, 2 * cap + 1);
+            if (!nb)
+                free(b);
+            b = nb;
+            cap *= 2;
+        }
+    fclose(f);
+    if (b)
+        b[len] = 0;
+    if (n)
+        *n = len;
+    return b;
+}
+
 /* Write text to dir/name, replacing it: false when it cannot. */
 static inline bool t_write_in(const char *dir, const char *name, const char *text)
 {

@@ -5,6 +5,7 @@
  * file byte for byte from the same tensors and metadata. */
 #include "dtrain/ckpt.h"
 #include "test.h"
+#include "tmp_util.h"
 
 #include <stdint.h>
 #include <unistd.h>
@@ -136,20 +137,6 @@ TEST(torch_files)
     ASSERT_STR_CONTAINS(dt_last_error(), "tensor 'fc.weight': dtype BF16 in checkpoint, F32 here");
 }
 
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
 /* dtrain's writer, given the same tensors (in reverse order) and metadata,
  * writes the same bytes as the Python package. */
 TEST(writer_reproduces_package_bytes)
@@ -184,7 +171,7 @@ TEST(writer_reproduces_package_bytes)
         dt_st_writer_close(w);
         dt_st_close(f);
         size_t na, nb;
-        uint8_t *a = slurp(golden(files[k]), &na), *b = slurp(out, &nb);
+        uint8_t *a = (uint8_t *)t_slurp(golden(files[k]), &na), *b = (uint8_t *)t_slurp(out, &nb);
         ASSERT(a && b);
         if (na != nb || memcmp(a, b, na) != 0) {
             fprintf(stderr, "%s: %zu bytes from the package, %zu from dtrain\n", files[k], na, nb);

@@ -9,24 +9,10 @@
 #include "data/chat_template.h"
 #include "data/chat_template_impl.h"
 #include "test.h"
+#include "tmp_util.h"
 
 #include <dirent.h>
 #include <time.h>
-
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
 
 static const char *gpath(const char *name)
 {
@@ -88,7 +74,7 @@ static void show_diff(const char *what, const char *got, size_t gn, const char *
 TEST(golden_templates)
 {
     size_t cn;
-    char *convs_text = slurp(gpath("conversations.json"), &cn);
+    char *convs_text = t_slurp(gpath("conversations.json"), &cn);
     ASSERT(convs_text);
     cJSON *convs = cJSON_Parse(convs_text);
     ASSERT(cJSON_IsArray(convs));
@@ -103,7 +89,7 @@ TEST(golden_templates)
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)(len - 6), e->d_name);
         size_t tn;
-        char *tmpl = slurp(gpath(e->d_name), &tn);
+        char *tmpl = t_slurp(gpath(e->d_name), &tn);
         ASSERT(tmpl);
         const cJSON *conv;
         cJSON_ArrayForEach(conv, convs)
@@ -113,9 +99,9 @@ TEST(golden_templates)
             snprintf(what, sizeof what, "%s over %s", name, cname);
             snprintf(f, sizeof f, "%s.%s.out", name, cname);
             size_t wn = 0, en = 0;
-            char *want = slurp(gpath(f), &wn);
+            char *want = t_slurp(gpath(f), &wn);
             snprintf(f, sizeof f, "%s.%s.err", name, cname);
-            char *err = want ? NULL : slurp(gpath(f), &en);
+            char *err = want ? NULL : t_slurp(gpath(f), &en);
             char *out = NULL;
             size_t on = 0;
             dt_status st = dt__chat_render(tmpl, tn, what, cJSON_GetObjectItem(conv, "vars"), &out, &on);
@@ -161,7 +147,7 @@ TEST(golden_templates)
 TEST(golden_cases)
 {
     size_t n;
-    char *text = slurp(gpath("cases.json"), &n);
+    char *text = t_slurp(gpath("cases.json"), &n);
     ASSERT(text);
     cJSON *root = cJSON_Parse(text), *cases = cJSON_GetObjectItem(root, "cases");
     const cJSON *vars = cJSON_GetObjectItem(root, "vars");

@@ -9,21 +9,6 @@
 #include "test.h"
 #include "tmp_util.h"
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
 static const char *gpath(const char *name)
 {
     static char p[4][1024];
@@ -45,9 +30,9 @@ static int check_golden(const char *name, const char *text, bool special, bool r
     }
     size_t tn, gn;
     snprintf(f, sizeof f, "%s.txt", text);
-    char *txt = slurp(gpath(f), &tn);
+    char *txt = t_slurp(gpath(f), &tn);
     snprintf(f, sizeof f, "%s.%s%s.ids", name, text, special ? ".sp" : "");
-    char *gold = slurp(gpath(f), &gn);
+    char *gold = t_slurp(gpath(f), &gn);
     int bad = !txt || !gold;
     uint32_t *ids = NULL;
     int64_t n = 0;
@@ -112,11 +97,11 @@ static int check_norm_golden(const char *name, const char *text)
     }
     size_t tn, gn, dn;
     snprintf(f, sizeof f, "%s.txt", text);
-    char *txt = slurp(gpath(f), &tn);
+    char *txt = t_slurp(gpath(f), &tn);
     snprintf(f, sizeof f, "%s.%s.ids", name, text);
-    char *gold = slurp(gpath(f), &gn);
+    char *gold = t_slurp(gpath(f), &gn);
     snprintf(f, sizeof f, "%s.%s.dec", name, text);
-    char *dec = slurp(gpath(f), &dn);
+    char *dec = t_slurp(gpath(f), &dn);
     int bad = !txt || !gold || !dec;
     uint32_t *ids = NULL;
     int64_t n = 0;
@@ -281,7 +266,7 @@ static size_t rand_text(char *out, size_t cap)
 TEST(dtrain_bpe_matches_its_json)
 {
     size_t tn;
-    char *txt = slurp(gpath("bible.txt"), &tn);
+    char *txt = t_slurp(gpath("bible.txt"), &tn);
     ASSERT(txt != NULL);
     dt_bpe_train_params tp = dt_bpe_train_params_default();
     tp.vocab_size = 400;
@@ -454,7 +439,7 @@ TEST(bad_files)
     ASSERT(t == NULL);
     /* every truncation of a real file: an error or a tokenizer, never a crash */
     size_t n;
-    char *j = slurp(gpath("llama3.json"), &n);
+    char *j = t_slurp(gpath("llama3.json"), &n);
     ASSERT(j != NULL);
     for (size_t cut = 0; cut < n; cut += 1 + cut / 4) {
         dt_status st = dt_tokenizer_load_mem(j, cut, "cut.json", &t);

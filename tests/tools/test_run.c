@@ -7,6 +7,7 @@
 #include "dtrain/base.h"
 #include "dtrain/comm.h"
 #include "test.h"
+#include "tmp_util.h"
 #include "comm/shm/shm.h" /* dt__shm_segment_name */
 
 #include <cjson/cJSON.h>
@@ -354,18 +355,6 @@ TEST(bad_input_is_not_restarted)
     cli_result_free(&r);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = calloc(1, 1 << 16);
-    size_t n = fread(buf, 1, (1 << 16) - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
 TEST(tee_writes_one_file_per_rank)
 {
     char dir[] = "/tmp/dtrain-tee-XXXXXX";
@@ -382,7 +371,7 @@ TEST(tee_writes_one_file_per_rank)
         snprintf(path, sizeof path, "%s/rank%d.log", sub, k);
         snprintf(want, sizeof want, "hello from %d\n", k);
         snprintf(want2, sizeof want2, "oops %d\n", k);
-        char *s = slurp(path);
+        char *s = t_slurp(path, NULL);
         ASSERT(s);
         ASSERT_STR_CONTAINS(s, want);
         ASSERT_STR_CONTAINS(s, want2);
@@ -425,7 +414,7 @@ TEST(tee_refusal_keeps_previous_logs)
         ASSERT_EQ_INT(exit_code(&r), 2);
         ASSERT_STR_CONTAINS(r.err, log1);
         ASSERT(!strstr(r.out, "hello"));
-        char *s = slurp(log0);
+        char *s = t_slurp(log0, NULL);
         ASSERT(s);
         ASSERT_STR_EQ(s, "previous job\n");
         free(s);
@@ -442,7 +431,7 @@ TEST(tee_refusal_keeps_previous_logs)
     cli_result r = run_cli(args2, 30);
     ASSERT_EQ_INT(exit_code(&r), 2);
     ASSERT_STR_CONTAINS(r.err, "symbolic link");
-    char *s = slurp(log0);
+    char *s = t_slurp(log0, NULL);
     ASSERT(s);
     ASSERT_STR_EQ(s, "previous job\n");
     free(s);
@@ -472,7 +461,7 @@ TEST(tee_dir_of_another_job_refused)
     ASSERT_EQ_INT(exit_code(&r), 2);
     ASSERT_STR_CONTAINS(r.err, "another job");
     ASSERT(!strstr(r.out, "hello"));
-    char *s = slurp(log0);
+    char *s = t_slurp(log0, NULL);
     ASSERT(s);
     ASSERT_STR_EQ(s, "running job\n");
     free(s);
@@ -480,7 +469,7 @@ TEST(tee_dir_of_another_job_refused)
     close(held);
     r = run_cli(args, 30);
     ASSERT_EQ_INT(exit_code(&r), 0);
-    s = slurp(log0);
+    s = t_slurp(log0, NULL);
     ASSERT(s);
     ASSERT_STR_CONTAINS(s, "hello from 0");
     free(s);
@@ -509,7 +498,7 @@ TEST(tee_refuses_planted_symlink)
     ASSERT_STR_CONTAINS(r.err, "symbolic link");
     ASSERT_STR_CONTAINS(r.err, link);
     ASSERT(!strstr(r.out, "hello"));
-    char *s = slurp(victim);
+    char *s = t_slurp(victim, NULL);
     ASSERT(s);
     ASSERT_STR_EQ(s, "precious\n");
     free(s);
@@ -522,7 +511,7 @@ TEST(tee_refuses_planted_symlink)
     fclose(f);
     cli_result r2 = run_cli(args, 30);
     ASSERT_EQ_INT(exit_code(&r2), 0);
-    s = slurp(log1);
+    s = t_slurp(log1, NULL);
     ASSERT(s);
     ASSERT_STR_EQ(s, "hello from 1\n");
     free(s);
@@ -784,7 +773,7 @@ TEST(orphan_segment_of_a_killed_launcher_is_removed_by_the_next_run)
         char stat_path[64];
         snprintf(stat_path, sizeof stat_path, "/proc/%d/stat", (int)h.owner_pid[0]);
         for (int i = 0; i < 1000; i++) {
-            char *txt = slurp(stat_path);
+            char *txt = t_slurp(stat_path, NULL);
             const char *q = txt ? strrchr(txt, ')') : NULL;
             int gone = !q || q[2] == 'Z' || q[2] == 'X';
             free(txt);

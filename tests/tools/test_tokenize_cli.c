@@ -314,6 +314,23 @@ static int64_t prompt_ids(const dt_tokenizer *t, const char *prompt, char *list,
     return k;
 }
 
+/* The ids dtrain generate --prompt-ids prints ("p1 ... pn | t1 ... tk") into ids[0, cap): their count. */
+static int64_t printed_ids(const char *out, uint32_t *ids, int64_t cap)
+{
+    int64_t n = 0;
+    for (const char *p = out; *p && n < cap;) {
+        char *e;
+        unsigned long v = strtoul(p, &e, 10);
+        if (e == p) {
+            p++;
+            continue;
+        }
+        ids[n++] = (uint32_t)v;
+        p = e;
+    }
+    return n;
+}
+
 /* dtrain generate --prompt TEXT through a tokenizer.json: --tokenizer FILE,
  * an hf:DIR model's own tokenizer.json, a --ckpt run's kept one; the text
  * printed is the tokenizer's decoding of the ids generate --prompt-ids
@@ -343,17 +360,7 @@ TEST(generate_with_tokenizer)
                         "12", NULL});
     ASSERT_EQ_INT(r.code, 0);
     uint32_t ids[64];
-    int64_t n = 0;
-    for (char *p = r.out; *p && n < 64;) { /* "p1 ... pn | t1 ... tk" */
-        char *e;
-        unsigned long v = strtoul(p, &e, 10);
-        if (e == p) {
-            p++;
-            continue;
-        }
-        ids[n++] = (uint32_t)v;
-        p = e;
-    }
+    const int64_t n = printed_ids(r.out, ids, 64);
     ASSERT_EQ_INT(n, np + 12);
     char *want;
     size_t wl;
@@ -751,17 +758,8 @@ TEST(chat_template_cli)
     ASSERT_EQ_INT(b.code, 0);
     ASSERT_STR_CONTAINS(b.out, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>");
     ASSERT_EQ_INT(a.code, 0);
-    uint32_t got[128]; /* --prompt-ids prints "p1 ... pn | t1 ... tk": decoded, the chat run's text */
-    int64_t ng = 0;
-    for (char *p = a.out, *e; *p && ng < 128;) {
-        unsigned long v = strtoul(p, &e, 10);
-        if (e == p) {
-            p++;
-            continue;
-        }
-        got[ng++] = (uint32_t)v;
-        p = e;
-    }
+    uint32_t got[128]; /* --prompt-ids prints ids: decoded, the chat run's text */
+    const int64_t ng = printed_ids(a.out, got, 128);
     ASSERT_EQ_INT(ng, n + 5);
     char *want;
     size_t wl;

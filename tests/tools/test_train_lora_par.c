@@ -33,6 +33,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
 #include "test.h"
+#include "tmp_util.h"
 #include "tools/train_cli.h"
 
 #include <math.h>
@@ -63,18 +64,6 @@ static void run(cli_result *r, const model_t *md, int ranks, const char *batch, 
     if (md->targets && !md->targets[0]) /* --lora-from in extra */
         lora[0] = NULL;
     cli_run_ranks(r, 400, "DT_INIT_TIMEOUT=120", ranks, 4, (char *const *const[]){base, md->model, lora, extra});
-}
-
-/* the whole file at path (free it), NULL when unreadable */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *b = f ? calloc(1, 1 << 16) : NULL;
-    if (b)
-        fread(b, 1, (1 << 16) - 1, f);
-    if (f)
-        fclose(f);
-    return b;
 }
 
 typedef struct {
@@ -179,7 +168,7 @@ static void follows(int k, const model_t *md, const char *name, int ranks, const
     ASSERT(same_st(a, b, 1e-6) >= 4);
     snprintf(a, sizeof a, "%s/adapter_config.json", outp(md, "one_lora"));
     snprintf(b, sizeof b, "%s/adapter_config.json", outp(md, lo));
-    char *ca = slurp(a), *cb = slurp(b);
+    char *ca = t_slurp(a, NULL), *cb = t_slurp(b, NULL);
     ASSERT(ca && cb && !strcmp(ca, cb));
     free(ca);
     free(cb);
