@@ -591,6 +591,10 @@ static const struct {
     {"adam-epsilon", "--eps X"},
     {"eval-steps", "--eval-every STEPS"},
     {"report-to", "--metrics FILE or --tensorboard DIR"},
+    {"completion-only-loss", "--loss-mask"},
+    {"dataset-text-field", "--data jsonl:FILE,field=KEY"},
+    {"max-length", "--seq T"},
+    {"packing", "none is needed: text and conversations are always packed into windows of --seq tokens"},
 };
 
 /* An unknown option: one line naming it, with the nearest known option or

@@ -231,6 +231,10 @@ TEST(unknown_options_suggest)
         {"--local_rank", "(none is needed: each rank reads LOCAL_RANK from its environment"},
         {"--model_name_or_path", "did you mean --model hf:DIR"},
         {"--max_seq_length", "did you mean --seq T"},
+        /* TRL's SFTConfig */
+        {"--completion_only_loss", "did you mean --loss-mask"},
+        {"--dataset_text_field", "did you mean --data jsonl:FILE,field=KEY"},
+        {"--packing", "(none is needed: text and conversations are always packed"},
         {"--adam_epsilon", "did you mean --eps X"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
