@@ -4,6 +4,7 @@
  * printing only: the tokenizer and the token files are data.h's. */
 #include "cmd.h"
 #include "dtrain/data.h"
+#include "dtrain/kernels.h"
 #include "dtrain/tokenizer.h"
 
 #include <errno.h>
@@ -21,6 +22,8 @@ static void usage(FILE *f)
             "       dtrain tokenize --vocab VOCAB CORPUS -o TOKENS.bin [--val-fraction F --val-out VAL.bin]\n"
             "       dtrain tokenize --vocab VOCAB --decode TOKENS.bin -o TEXT\n"
             "       dtrain tokenize --unigram TRAIN.bin [EVAL.bin] [--vocab VOCAB]\n"
+            "       dtrain tokenize --tokenizer FILE --show SPEC [--loss-mask] [--assistant-only-loss]\n"
+            "                       [--show-tokens N]\n"
             "       (--tokenizer TOKENIZER.json in place of --vocab VOCAB everywhere)\n"
             "  --train-vocab N    learn a byte-level BPE of N ids (256..65536: the 256 bytes and N-256\n"
             "                     merges) from CORPUS and write the vocab file VOCAB; a VOCAB named\n"
@@ -42,6 +45,13 @@ static void usage(FILE *f)
             "                     tokens (default TRAIN's) under TRAIN's token counts, add-one smoothed\n"
             "                     over VOCAB's ids (default: the largest token + 1). A language model's\n"
             "                     validation loss should end well below it\n"
+            "  --show SPEC        what dtrain train --data SPEC (text:FILE or jsonl:FILE[,...], with\n"
+            "                     the same --tokenizer) trains on: its token count, how many are targets\n"
+            "                     the loss counts, and its first N tokens (--show-tokens, default 512) as\n"
+            "                     text, the targets the loss skips (label -100) inside \u27e6 \u27e7: a\n"
+            "                     conversation through the chat template, --loss-mask's prompts and\n"
+            "                     --assistant-only-loss's turns other than the assistant's (as train takes\n"
+            "                     those options)\n"
             "  -o FILE            the output; written atomically (complete or absent), never\n"
             "                     through a symlink\n"
             "  e.g. bible Gen1:1-Rev22:21 > kjv.txt\n"
@@ -232,17 +242,103 @@ static int unigram_baseline(const char *train, const char *eval, const char *voc
     return rc;
 }
 
+/* --show SPEC: the data set dtrain train builds from SPEC, its first n tokens as text with the targets the loss
+ * skips marked. */
+static int show_data(const char *spec, const char *tokenizer, bool loss_mask, bool assistant_only, int64_t n)
+{
+    dt_tokenizer *t = NULL;
+    dt_dataset *ds = NULL;
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = 1; /* item i: token i and its successor's label */
+    kp.stride = 1;
+    kp.completion_only_loss = loss_mask;
+    kp.assistant_only_loss = assistant_only;
+    if (dt_tokenizer_load(tokenizer, &t) < 0 || dt_dataset_text_open(spec, t, &kp, &ds) < 0) {
+        const dt_status st = dt_last_status();
+        dt__cli_err("dtrain tokenize: --show %s: %s\n", spec, dt_last_error());
+        dt_tokenizer_free(t);
+        return st == DT_ERR_NO_MEMORY ? 1 : 2;
+    }
+    /* item i is token i and the label of token i + 1: the first `items` tokens are shown (the very last one of the
+       set is a label only), each with its own label (the first token is no target) */
+    const int64_t items = dt_dataset_length(ds), total = items ? items + 1 : 0;
+    if (n > items)
+        n = items;
+    uint32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    bool *skip = malloc((size_t)(n ? n : 1) * sizeof *skip);
+    int64_t counted = 0, x, y;
+    int rc = ids && skip ? 0 : 1;
+    for (int64_t i = 0; rc == 0 && i < items; i++) { /* every label, for the count; the first n tokens kept */
+        if (dt_dataset_get_item(ds, i, &x, &y) < 0) {
+            dt__cli_err("dtrain tokenize: --show %s: %s\n", spec, dt_last_error());
+            rc = 1;
+            break;
+        }
+        counted += y != DT_K_IGNORE_INDEX;
+        if (i < n)
+            ids[i] = (uint32_t)x;
+        if (i == 0 && n > 0)
+            skip[0] = false;
+        if (i + 1 < n)
+            skip[i + 1] = y == DT_K_IGNORE_INDEX;
+    }
+    char esc[700];
+    if (rc == 0) {
+        printf("%s: %lld tokens, %lld of them targets the loss counts (%.1f%%)%s%s\n",
+               dt_escape(spec, esc, sizeof esc), (long long)total, (long long)counted,
+               items ? 100.0 * (double)counted / (double)items : 0.0, loss_mask ? " (--loss-mask)" : "",
+               assistant_only ? " (--assistant-only-loss)" : "");
+        printf("the first %lld tokens, the targets the loss skips inside \u27e6 \u27e7:\n", (long long)n);
+    }
+    for (int64_t i = 0; rc == 0 && i < n;) { /* runs of one kind, decoded as the tokenizer decodes them */
+        int64_t j = i + 1;
+        while (j < n && skip[j] == skip[i])
+            j++;
+        char *text = NULL;
+        size_t len = 0;
+        if (dt_tokenizer_decode(t, ids + i, j - i, false, &text, &len) < 0) {
+            dt__cli_err("dtrain tokenize: --show %s: %s\n", spec, dt_last_error());
+            rc = 1;
+        } else {
+            fputs(skip[i] ? "\u27e6" : "", stdout);
+            fwrite(text, 1, len, stdout);
+            fputs(skip[i] ? "\u27e7" : "", stdout);
+        }
+        free(text);
+        i = j;
+    }
+    if (rc == 0)
+        putchar('\n');
+    free(ids);
+    free(skip);
+    dt_dataset_free(ds);
+    dt_tokenizer_free(t);
+    return rc;
+}
+
 int dt_cmd_tokenize(int argc, char **argv)
 {
     const char *train_vocab = NULL, *vocab = NULL, *decode = NULL, *out = NULL, *val_out = NULL,
-               *corpus = NULL, *val_frac_s = NULL, *min_count_s = NULL, *unigram = NULL, *tokenizer = NULL;
+               *corpus = NULL, *val_frac_s = NULL, *min_count_s = NULL, *unigram = NULL, *tokenizer = NULL,
+               *show = NULL, *show_n = NULL;
+    bool loss_mask = false, assistant_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **dst = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--train-vocab"))
+        } else if (!strcmp(a, "--loss-mask")) {
+            loss_mask = true;
+            continue;
+        } else if (!strcmp(a, "--assistant-only-loss")) {
+            assistant_only = true;
+            continue;
+        } else if (!strcmp(a, "--show"))
+            dst = &show;
+        else if (!strcmp(a, "--show-tokens"))
+            dst = &show_n;
+        else if (!strcmp(a, "--train-vocab"))
             dst = &train_vocab;
         else if (!strcmp(a, "--vocab"))
             dst = &vocab;
@@ -279,6 +375,25 @@ int dt_cmd_tokenize(int argc, char **argv)
     if (vocab && tokenizer) {
         dt__cli_err("dtrain tokenize: give --vocab VOCAB or --tokenizer FILE, not both\n");
         return 2;
+    }
+    if ((loss_mask || assistant_only || show_n) && !show) {
+        dt__cli_err("dtrain tokenize: %s goes with --show SPEC\n",
+                    loss_mask ? "--loss-mask" : assistant_only ? "--assistant-only-loss" : "--show-tokens");
+        return 2;
+    }
+    if (show) {
+        int64_t n = 512;
+        if (!tokenizer || vocab || corpus || out || train_vocab || decode || unigram || val_out || val_frac_s ||
+            min_count_s) {
+            dt__cli_err("dtrain tokenize: --show SPEC goes with --tokenizer FILE alone (and --loss-mask, "
+                        "--assistant-only-loss, --show-tokens N)\n");
+            return 2;
+        }
+        if (show_n && dt_parse_int("--show-tokens", show_n, 0, 1 << 24, &n) < 0) {
+            dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
+            return 2;
+        }
+        return show_data(show, tokenizer, loss_mask, assistant_only, n);
     }
     if (unigram)
         return unigram_baseline(unigram, corpus, vocab, tokenizer,

@@ -177,11 +177,15 @@ typedef struct jkeys {
 static dt_status jstring(const cJSON *o, const char *key, const char *opt, const char *where, const char **out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    const bool conv = !v && strcmp(opt, "field") && cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages"));
     if (!cJSON_IsString(v))
         return dt_error(DT_ERR_FORMAT, "%s: want an object with a string \"%s\"%s (%s=NAME picks another key)%s",
                         where, key, !v ? "" : ", not another JSON type", opt,
                         cJSON_IsArray(v) ? "; a list there is a conversation (a list of messages) only when the other "
-                                           "key is one too" : "");
+                                           "key is one too"
+                        : conv ? "; this line is a \"messages\" conversation, which has no prompt and completion: "
+                                 "a loss on the assistant's turns only is --assistant-only-loss"
+                               : "");
     *out = v->valuestring;
     return DT_OK;
 }

@@ -803,6 +803,23 @@ TEST(chat_template_cli)
         "{% generation %}{{ m.content }}<|eot_id|>{% endgeneration %}{% else %}{{ m.content }}<|eot_id|>{% endif %}"
         "{% endfor %}\"}";
     ASSERT(t_write_in(dir, "tokenizer_config.json", gcfg));
+    /* what training will see: dtrain tokenize --show, the skipped targets bracketed */
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", dir, "--show", spec, "--assistant-only-loss",
+                                      "--show-tokens", "60", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "targets the loss counts");
+    ASSERT_STR_CONTAINS(r.out, "(--assistant-only-loss)");
+    ASSERT_STR_CONTAINS(r.out, "\n<|begin_of_text|>\u27e6<|start_header_id|>user<|end_header_id|>\n\nWho made the "
+                               "light? 0<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n\u27e7God made the "
+                               "light on day 0.<|eot_id|>\u27e6<|begin_of_text|>");
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", dir, "--show-tokens", "5", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--show-tokens goes with --show SPEC");
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", dir, "--show", spec, "--loss-mask", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is --assistant-only-loss");
     char *ck2 = tp(5, "chat_ck_asst");
     cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", dir, "--data", spec, "--seq",
                                        "32", "--batch", "4", "--max-steps", "2", "--assistant-only-loss", "--val-data",
