@@ -56,7 +56,11 @@ static void usage(FILE *f)
                "                        tokenizer's chat template, its generation prompt after it (as\n"
                "                        apply_chat_template(add_generation_prompt=True); no other special\n"
                "                        tokens added); default off\n"
-               "  --system TEXT         with --chat on: a system message before the user's\n");
+               "  --system TEXT         with --chat on: a system message before the user's\n"
+               "  --messages FILE       with a tokenizer.json, in place of --prompt: a conversation, a JSON\n"
+               "                        list of messages ([{\"role\": \"user\", \"content\": \"...\"}, ...], as\n"
+               "                        a pipeline takes it) through the chat template, the generation\n"
+               "                        prompt after it\n");
     fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1); the sampling options below (--top-h to\n"
                "                        --eta-cutoff, --sample-seed) are refused then, as they would be\n"
@@ -300,9 +304,20 @@ static int parse_eos(const char *v, dt_generate_params *gp)
     }
 }
 
-/* --chat: [system,] user's prompt through t's chat template, with the generation prompt. */
-static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const char *prompt, char **text, size_t *len)
+/* --chat: [system,] user's prompt through t's chat template, with the generation prompt; or the conversation of
+ * JSON file messages (--messages). */
+static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const char *prompt, const char *messages,
+                             char **text, size_t *len)
 {
+    if (messages) {
+        char *js = NULL;
+        size_t n = 0;
+        dt_status st = dt_file_read_all(messages, (size_t)64 << 20, &js, &n);
+        if (st >= 0)
+            st = dt_tokenizer_render_chat(t, js, n, true, NULL, 0, text, len);
+        free(js);
+        return st < 0 ? dt_error(st, "--messages %s: %s", messages, dt_last_error()) : st;
+    }
     cJSON *c = cJSON_CreateArray(), *m;
     for (int k = system ? 0 : 1; c && k < 2; k++)
         if (!(m = cJSON_CreateObject()) || !cJSON_AddItemToArray(c, m) ||
@@ -323,7 +338,7 @@ static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const ch
 int dt_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
-               *tokenizer = NULL, *lora_from = NULL, *system = NULL;
+               *tokenizer = NULL, *lora_from = NULL, *system = NULL, *messages = NULL;
     dt_model_config cfg = dt_model_config_default();
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
@@ -382,6 +397,8 @@ int dt_cmd_generate(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--system")) {
             system = v;
+        } else if (!strcmp(a, "--messages")) {
+            messages = v;
         } else if (!strcmp(a, "--kv-cache")) {
             if (on_off(a, v, &gp.kv_cache) < 0)
                 return 2;
@@ -532,6 +549,17 @@ int dt_cmd_generate(int argc, char **argv)
                         "tower or projector left out (the language model's load)\n", lora_from, peft.left_out);
     }
     dt_error_clear();
+    if (messages && (ptext || ids || system)) {
+        dt__tuning_free(&tu);
+        free(mname);
+        free(vtext);
+        dt_tokenizer_free(ttok);
+        dt__cli_err("dtrain generate: --messages FILE is the whole conversation: not with %s\n",
+                    ptext ? "--prompt" : ids ? "--prompt-ids" : "--system");
+        return 2;
+    }
+    if (messages) /* a prompt through the chat template: the paths of --prompt --chat on */
+        ptext = messages, chat = true;
     char hftok[4200]; /* --prompt with an hf:DIR model: DIR/tokenizer.json unless told another */
     bool hf_tok = ptext && !vocab && !tokenizer && !vtext && !ttok && model &&
                   dt_hf_dir_tokenizer(model, hftok, sizeof hftok);
@@ -550,8 +578,9 @@ int dt_cmd_generate(int argc, char **argv)
         free(mname);
         free(vtext);
         dt_tokenizer_free(ttok);
-        dt__cli_err("dtrain generate: %s goes with --prompt through a tokenizer.json (--tokenizer, an hf:DIR "
-                    "model's, or a --ckpt run's), whose chat template it applies\n", system ? "--system" : "--chat");
+        dt__cli_err("dtrain generate: %s goes with %s through a tokenizer.json (--tokenizer, an hf:DIR model's, or "
+                    "a --ckpt run's), whose chat template it applies\n",
+                    messages ? "--messages" : system ? "--system" : "--chat", messages ? "a model" : "--prompt");
         return 2;
     }
     if (system && !chat) {
@@ -576,7 +605,7 @@ int dt_cmd_generate(int argc, char **argv)
         char *ctext = NULL;
         size_t clen = 0;
         if ((!tok && dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok) < 0) ||
-            (chat && chat_prompt(tok, system, ptext, &ctext, &clen) < 0) ||
+            (chat && chat_prompt(tok, system, messages ? NULL : ptext, messages, &ctext, &clen) < 0) ||
             dt_tokenizer_encode(tok, chat ? ctext : ptext, chat ? clen : strlen(ptext), !chat, &enc, &np) < 0) {
             free(ctext);
             rc = bad();

@@ -154,7 +154,8 @@ dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool
                         "tokenizer has none (transformers reads it from tokenizer_config.json's \"chat_template\" or "
                         "a chat_template.jinja beside the tokenizer.json)", where);
     if (!cJSON_IsArray(messages))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: want the conversation as a list of messages", where);
+        return dt_error(DT_ERR_INVALID_ARG, "%s: want a JSON list of messages ({\"role\": ..., \"content\": ...}, "
+                        "...)", where);
     const cJSON *m;
     int i = 0;
     cJSON_ArrayForEach(m, messages) { /* what apply_chat_template itself needs of a message */

@@ -767,6 +767,26 @@ TEST(chat_template_cli)
     ASSERT(strlen(b.out) == wl + 1 && !strncmp(b.out, want, wl));
     free(want);
     dt_tokenizer_free(t);
+    /* the same conversation as a file (--messages, as a pipeline takes messages): the same output */
+    ASSERT(t_write_in(dir, "conv.json", conv));
+    char convp[800];
+    snprintf(convp, sizeof convp, "%s/conv.json", dir);
+    static cli_result c;
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--messages", convp, "--temperature", "0", "--max-new-tokens", "5", "--eos-id",
+                                      "none", NULL});
+    ASSERT_EQ_INT(c.code, 0);
+    ASSERT_STR_EQ(c.out, b.out);
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--messages", convp, "--prompt", "x", NULL});
+    ASSERT_EQ_INT(c.code, 2);
+    ASSERT_STR_CONTAINS(c.err, "not with --prompt");
+    ASSERT(t_write_in(dir, "bad.json", "{\"role\": \"user\"}"));
+    snprintf(convp, sizeof convp, "%s/bad.json", dir);
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--messages", convp, NULL});
+    ASSERT_EQ_INT(c.code, 2);
+    ASSERT_STR_CONTAINS(c.err, "bad.json");
     /* training on conversations, the template kept by the checkpoint */
     char *data = tp(4, "chats.jsonl"), *ck = tp(5, "chat_ck");
     FILE *f = fopen(data, "w");
