@@ -90,8 +90,9 @@ TEST(render_llama3_shape)
     free(s);
     /* the variables the template sees: special tokens, tools, keyword arguments (which cannot replace messages) */
     const char *peek = "{\"chat_template\": \"{{ eos_token }}|{{ pad_token }}|{{ unk_token is defined }}|"
-                       "{{ tools | length }}|{{ enable_thinking }}|{{ messages | length }}|{{ add_generation_prompt }}\","
-                       " \"eos_token\": \"<|eot_id|>\", \"pad_token\": {\"content\": \"<|end_of_text|>\"}}";
+                       "{{ tools | length }}|{{ enable_thinking }}|{{ messages | length }}|"
+                       "{{ add_generation_prompt }}\", \"eos_token\": \"<|eot_id|>\", "
+                       "\"pad_token\": {\"content\": \"<|end_of_text|>\"}}";
     ASSERT_OK(dt_tokenizer_apply_config(t, peek, strlen(peek), "peek"));
     s = render(t, "[{\"role\": \"user\", \"content\": \"x\"}]", true,
                "{\"tools\": [{\"name\": \"f\"}, {\"name\": \"g\"}], \"enable_thinking\": false, \"messages\": []}");
@@ -107,9 +108,9 @@ TEST(render_llama3_shape)
                "\"reasoning\": \"r\"}, {\"role\": \"assistant\", \"reasoning_content\": \"x\", \"thinking\": \"y\", "
                "\"content\": \"c\"}]", false, NULL);
     ASSERT(s != NULL);
-    ASSERT_STR_EQ(s, "True|True|False|{\"thinking\": \"r\", \"role\": \"assistant\", \"content\": \"a\", \"reasoning\": "
-                     "\"r\", \"reasoning_content\": \"r\"}|{\"thinking\": \"y\", \"role\": \"assistant\", "
-                     "\"reasoning_content\": \"x\", \"content\": \"c\"}");
+    ASSERT_STR_EQ(s, "True|True|False|{\"thinking\": \"r\", \"role\": \"assistant\", \"content\": \"a\", "
+                     "\"reasoning\": \"r\", \"reasoning_content\": \"r\"}|{\"thinking\": \"y\", \"role\": "
+                     "\"assistant\", \"reasoning_content\": \"x\", \"content\": \"c\"}");
     free(s);
     char *none = (char *)"x";
     size_t nn = 1;
