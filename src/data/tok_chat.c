@@ -85,30 +85,13 @@ dt_status dt_tokenizer_set_chat_template(dt_tokenizer *t, const char *tmpl, size
     return DT_OK;
 }
 
-/* The text of token id as the tokenizer's files write it (an added token's content, else its vocab entry), into
- * o[key]; nothing when has is false. */
+/* The text of token id (dt__tok_text_of) into o[key]; nothing when has is false or the id has no token. False:
+ * out of memory. */
 static bool add_token_text(cJSON *o, const char *key, const dt_tokenizer *t, bool has, uint32_t id)
 {
-    if (!has || id >= t->nid)
-        return true;
-    const char *s = NULL;
-    size_t n = 0;
-    if (t->added_by_id[id] != TOK_NONE) {
-        s = t->pool.p + t->added[t->added_by_id[id]].off;
-        n = strlen(s);
-    } else if (t->id_len[id] != TOK_NONE) {
-        s = t->pool.p + t->id_off[id];
-        n = t->id_len[id];
-    }
-    if (!s)
-        return true;
-    char *c = malloc(n + 1);
-    if (!c)
-        return false;
-    memcpy(c, s, n);
-    c[n] = 0;
-    const bool ok = cJSON_AddStringToObject(o, key, c) != NULL;
-    free(c);
+    char *s = has ? dt__tok_text_of(t, id) : NULL;
+    const bool ok = !s || cJSON_AddStringToObject(o, key, s) != NULL;
+    free(s);
     return ok;
 }
 

@@ -154,17 +154,22 @@ static const tok_added *special_named(const dt_tokenizer *t, const char *const *
     return NULL;
 }
 
-/* Token id's text (an added token's content, or the vocab entry as the file writes it) into o's key; a token
- * that is not there: null. */
-static void add_content(cJSON *o, const char *key, const dt_tokenizer *t, bool has, uint32_t id)
+char *dt__tok_text_of(const dt_tokenizer *t, uint32_t id)
 {
     char *s = NULL;
-    if (has && id < t->nid && t->added_by_id[id] != TOK_NONE)
+    if (id < t->nid && t->added_by_id[id] != TOK_NONE)
         s = strdup(t->pool.p + t->added[t->added_by_id[id]].off);
-    else if (has && id < t->nid && t->id_len[id] != TOK_NONE && (s = malloc((size_t)t->id_len[id] + 1))) {
+    else if (id < t->nid && t->id_len[id] != TOK_NONE && (s = malloc((size_t)t->id_len[id] + 1))) {
         memcpy(s, t->pool.p + t->id_off[id], t->id_len[id]);
         s[t->id_len[id]] = 0;
     }
+    return s;
+}
+
+/* Token id's text (dt__tok_text_of) into o's key; a token that is not there: null. */
+static void add_content(cJSON *o, const char *key, const dt_tokenizer *t, bool has, uint32_t id)
+{
+    char *s = has ? dt__tok_text_of(t, id) : NULL;
     if (s)
         cJSON_AddStringToObject(o, key, s);
     else

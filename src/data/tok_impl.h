@@ -104,6 +104,11 @@ struct dt_tokenizer {
     char *chat_template, *chat_template_src, *cfg_pad;
 };
 
+/* The text of token id as the tokenizer's files write it: an added
+ * token's content, else its vocab entry (byte-level characters, "Ġthe").
+ * malloc'd; NULL when the id has no token (or out of memory). */
+char *dt__tok_text_of(const dt_tokenizer *t, uint32_t id);
+
 /* Chat templates (tok_chat.c). The template of a tokenizer_config.json's
  * parsed root (name: the file, for messages): *tmpl malloc'd, NULL when
  * it has none. */
