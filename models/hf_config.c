@@ -275,7 +275,15 @@ static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"rope_parameters\" must be an object", r->path);
             return;
         }
-        c->rope_theta = get_num(r, rp, "rope_theta", get_num(r, r->root, "rope_theta", c->rope_theta));
+        const double top = get_num(r, r->root, "rope_theta", NAN);
+        c->rope_theta = get_num(r, rp, "rope_theta", isnan(top) ? c->rope_theta : top);
+        static char warned[4200]; /* once per file and process: a run reads its config.json more than once */
+        if (r->st >= 0 && !isnan(top) && top != c->rope_theta && strcmp(warned, r->path)) {
+            snprintf(warned, sizeof warned, "%s", r->path);
+            dt_log(DT_LOG_WARN, "%s: key \"rope_theta\" (%g) and key \"rope_parameters.rope_theta\" (%g) disagree: "
+                   "the latter is used, as transformers 5 reads rope_parameters (transformers 4 read rope_theta)",
+                   r->path, top, c->rope_theta);
+        }
         read_scaling(r, rp, "rope_parameters", c, phi3);
     } else {
         c->rope_theta = get_num(r, r->root, "rope_theta", c->rope_theta);

@@ -215,6 +215,20 @@ TEST(bad_directories)
                                       "--seq", "16", "--json", NULL});
     ASSERT_EQ_INT(w.code, 0);
     ASSERT(!strstr(w.err, "tensors of the weights")); /* every tensor used: nothing said */
+    /* a config.json whose rope_theta and rope_parameters.rope_theta disagree: rope_parameters' is used, as
+       transformers 5 does, and the disagreement is said once (it was silent) */
+    d = edited_dir("llama", "llama_rope_pair", "sed -i 's/^{/{\"rope_theta\": 500000.0,/' config.json");
+    snprintf(m, sizeof m, "hf:%s", d);
+    cli_runv(&w, 60, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(w.code, 0);
+    ASSERT_STR_CONTAINS(w.err, "key \"rope_theta\" (500000) and key \"rope_parameters.rope_theta\" (10000) disagree");
+    ASSERT_EQ_INT(cli_lines(w.err), 1);
+    static cli_result g; /* the loss is the golden directory's: rope_parameters' theta is the one used */
+    cli_runv(&g, 60, NULL, (char *[]){"eval", "--model", "hf:" HF "llama", "--data", "tokens:" HF "tokens.bin",
+                                      "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(g.code, 0);
+    ASSERT(cli_out_value(w.out, "\"loss\":") == cli_out_value(g.out, "\"loss\":"));
     /* --resume of a model directory (weights alone, no run in them): refused, saying how to start from it */
     cli_result r;
     cli_runv(&r, 60, NULL,
