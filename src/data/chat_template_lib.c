@@ -116,20 +116,6 @@ static bool is_space(uint32_t cp)
     return dt__unicode_space(cp) || (cp >= 0x1C && cp <= 0x1F);
 }
 
-static uint32_t to_lower(uint32_t cp)
-{
-    if (cp < 0x80)
-        return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
-    size_t lo = 0, hi = dt__unorm_nlower;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (dt__unorm_lower[mid][0] < cp)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < dt__unorm_nlower && dt__unorm_lower[lo][0] == cp ? dt__unorm_lower[lo][1] : cp;
-}
 
 static uint32_t to_upper(uint32_t cp)
 {
@@ -158,17 +144,17 @@ static ct_val recase(ct_ctx *c, ct_val s, int mode)
     for (size_t i = 0, len; i < s.u.s.n; i += len) {
         uint32_t cp = cp_at(s.u.s.p, s.u.s.n, i, &len), o = cp;
         switch (mode) {
-        case 'l': o = to_lower(cp); break;
+        case 'l': o = dt__unorm_to_lower(cp); break;
         case 'u': o = to_upper(cp); break;
-        case 's': o = dt__unicode_gc(cp) == DT_GC_Lu ? to_lower(cp) : to_upper(cp); break;
+        case 's': o = dt__unicode_gc(cp) == DT_GC_Lu ? dt__unorm_to_lower(cp) : to_upper(cp); break;
         case 't':
-            o = prev_cased ? to_lower(cp) : to_upper(cp);
+            o = prev_cased ? dt__unorm_to_lower(cp) : to_upper(cp);
             prev_cased = is_cased(cp);
             break;
-        case 'c': o = first ? to_upper(cp) : to_lower(cp); break;
+        case 'c': o = first ? to_upper(cp) : dt__unorm_to_lower(cp); break;
         case 'j': {
             bool sep = is_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-            o = sep ? cp : prev_cased ? to_lower(cp) : to_upper(cp);
+            o = sep ? cp : prev_cased ? dt__unorm_to_lower(cp) : to_upper(cp);
             prev_cased = !sep; /* "inside a word" */
             break;
         }

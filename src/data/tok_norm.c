@@ -100,6 +100,21 @@ static int ccc(uint32_t c)
     return (int)(dt__unorm_ccc[lo] & 255);
 }
 
+uint32_t dt__unorm_to_lower(uint32_t c)
+{
+    if (c < 0x80)
+        return c >= 'A' && c <= 'Z' ? c + 32 : c;
+    size_t lo = 0, hi = dt__unorm_nlower;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (dt__unorm_lower[mid][0] < c)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < dt__unorm_nlower && dt__unorm_lower[lo][0] == c ? dt__unorm_lower[lo][1] : c;
+}
+
 /* The decomposition entries of c: [*first, *first + *n) (0 when none). */
 static void decomp_find(uint32_t c, size_t *first, size_t *n)
 {
@@ -243,18 +258,8 @@ static dt_status lowercase(const unsigned char *s, size_t len, tok_buf *out)
         } else if (c == 0x130) {
             if ((st = buf_cp(out, 'i')) < 0 || (st = buf_cp(out, 0x307)) < 0)
                 return st;
-        } else {
-            size_t lo = 0, hi = dt__unorm_nlower;
-            while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
-                if (dt__unorm_lower[mid][0] < c)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            uint32_t o = lo < dt__unorm_nlower && dt__unorm_lower[lo][0] == c ? dt__unorm_lower[lo][1] : c;
-            if ((st = buf_cp(out, o)) < 0)
-                return st;
+        } else if ((st = buf_cp(out, dt__unorm_to_lower(c))) < 0) {
+            return st;
         }
         i += l;
     }

@@ -19,6 +19,9 @@ extern const uint32_t dt__unorm_comp[][3];
 extern const size_t dt__unorm_ncomp;
 extern const uint32_t dt__unorm_lower[][2];
 extern const size_t dt__unorm_nlower;
+/* Code point c lowercased by its one-to-one mapping (dt__unorm_lower; c
+ * itself when it has none): Rust's to_lowercase but for U+0130's two. */
+uint32_t dt__unorm_to_lower(uint32_t c);
 
 /* The normalizers dtrain reads (tokenizers' normalizers/{unicode,utils,
  * replace,prepend,strip}.rs). */
