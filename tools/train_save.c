@@ -43,6 +43,18 @@ bool dt__tr_bad_input_status(dt_status st)
            st == DT_ERR_NOT_FOUND;
 }
 
+/* The JSON object json (room for cap bytes) with "key": quoted (a file's text as a JSON string, cJSON_free'd
+ * here) added at its end; NULL quoted: nothing. */
+static void add_file_key(char *json, size_t cap, const char *key, char *quoted)
+{
+    if (!quoted)
+        return;
+    size_t l = strlen(json);
+    snprintf(json + l - 1, cap - l + 1, ",\"%s\":%s}", key, quoted);
+    cJSON_free(quoted);
+}
+
+
 /* The options a checkpoint keeps, so that `dtrain eval --ckpt` builds the
  * same model and data without being told. */
 int dt__tr_make_user_json(dt__train_run *t)
@@ -117,26 +129,10 @@ int dt__tr_make_user_json(dt__train_run *t)
              (long long)t->o.random_items, (long long)t->o.limit_train, (long long)t->o.limit_test, t->ddp.world,
              (long long)t->o.grad_accum, t->o.lr_schedule ? t->o.lr_schedule : "constant", (long long)t->o.warmup,
              t->o.lr, lm);
-    if (vq) {
-        size_t l = strlen(t->user_json);
-        snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
-        cJSON_free(vq);
-    }
-    if (tq) {
-        size_t l = strlen(t->user_json);
-        snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_json\":%s}", tq);
-        cJSON_free(tq);
-    }
-    if (cq) {
-        size_t l = strlen(t->user_json);
-        snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_config_json\":%s}", cq);
-        cJSON_free(cq);
-    }
-    if (jq) {
-        size_t l = strlen(t->user_json);
-        snprintf(t->user_json + l - 1, n - l + 1, ",\"chat_template_jinja\":%s}", jq);
-        cJSON_free(jq);
-    }
+    add_file_key(t->user_json, n, "vocab_bpe", vq);
+    add_file_key(t->user_json, n, "tokenizer_json", tq);
+    add_file_key(t->user_json, n, "tokenizer_config_json", cq);
+    add_file_key(t->user_json, n, "chat_template_jinja", jq);
     /* the LoRA and --freeze settings (eval/generate --ckpt and --resume rebuild the model with them) */
     char *tj = dt__tuning_json(t->lora_targets ? t->o.lora_targets : NULL, &t->lora, t->o.freeze);
     size_t l = strlen(t->user_json);
