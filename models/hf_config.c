@@ -559,8 +559,8 @@ dt_status dt_hf_hub_snapshot(const char *repo_id, char *out, size_t n)
     out[0] = 0;
     const char *slash = strchr(repo_id, '/');
     const size_t len = strlen(repo_id);
-    if (!(slash ? repo_part(repo_id, (size_t)(slash - repo_id)) && repo_part(slash + 1, len - (size_t)(slash - repo_id) - 1)
-                : repo_part(repo_id, len)))
+    const size_t org = slash ? (size_t)(slash - repo_id) : len;
+    if (!(slash ? repo_part(repo_id, org) && repo_part(slash + 1, len - org - 1) : repo_part(repo_id, len)))
         return dt_error(DT_ERR_INVALID_ARG, "'%s' is not a Hugging Face Hub repository id (ORG/NAME)", repo_id);
     const char *e, *home = getenv("HOME");
     char cache[4096];

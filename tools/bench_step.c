@@ -396,7 +396,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,\"peak_kind\":\"%s\","
                "\"peak_shapes\":%d,\"peak_gemm_gflop\":%.4f,\"peak_gemm_ms\":%.3f,\"step_gemm_ms\":%.3f,\"peak_cpu_gflops_per_core_s\":%.1f,"
-               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\","
+               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,"
+               "\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\","
                "\"cpu\":%s}\n",
                name, batch, (long long)seq_out, dt_optim_kind_name(tp.optimizer), precision,
                dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : lm_head ? "fused" : "unfused",

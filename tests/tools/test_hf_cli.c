@@ -1289,8 +1289,8 @@ TEST(hub_id_from_the_cache)
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_NEAR(json_loss(r.out), ref_loss("llama"), 0, 1e-5);
     ASSERT_STR_CONTAINS(r.out, "models--acme--tiny-llama/snapshots/0123abcd");
-    cli_runv(&r, 120, env, (char *[]){"generate", "--model", "hf:acme/tiny-llama", "--prompt-ids", "5,6", "--temperature",
-                                      "0", "--max-new-tokens", "3", NULL});
+    cli_runv(&r, 120, env, (char *[]){"generate", "--model", "hf:acme/tiny-llama", "--prompt-ids", "5,6",
+                                      "--temperature", "0", "--max-new-tokens", "3", NULL});
     ASSERT_EQ_INT(r.code, 0);
     char *out = cli_path("hub_hf_out");
     cli_runv(&r, 120, env, (char *[]){"train", "--model", "hf:acme/tiny-llama", "--data", "tokens:" HF "tokens.bin",

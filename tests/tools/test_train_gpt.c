@@ -308,7 +308,8 @@ TEST(tokenizer_config_eos_kept)
     fclose(f);
     const char *docs[] = {"In the beginning God created the heaven and the earth.",
                           "And the earth was without form, and void; and darkness was upon the face of the deep.",
-                          "And the Spirit of God moved upon the face of the waters.", "And God said, Let there be light.",
+                          "And the Spirit of God moved upon the face of the waters.",
+                          "And God said, Let there be light.",
                           "And God saw the light, that it was good: and God divided the light from the darkness."};
     snprintf(val, sizeof val, "jsonl:%s/val.jsonl", cli_tmpdir());
     f = fopen(val + 6, "w");

@@ -332,8 +332,8 @@ TEST(save_lora_fifo_refused)
 
 /* Two jobs given one --save-lora DIR wrote their adapter_config.json and weights in turn (one job's config could
  * end up beside the other's weights). The run holds DIR from its start: another job is refused (exit 2) before
- * training; a run that fails before it saves leaves no DIR (nor parent) it made. (A lock this test takes stands for the other
- * job's.) */
+ * training; a run that fails before it saves leaves no DIR (nor parent) it made. (A lock this test takes stands
+ * for the other job's.) */
 TEST(save_lora_dir_of_another_job_refused)
 {
     const char *dir = cli_path("lora_held");
