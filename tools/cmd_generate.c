@@ -60,7 +60,12 @@ static void usage(FILE *f)
                "  --messages FILE       with a tokenizer.json, in place of --prompt: a conversation, a JSON\n"
                "                        list of messages ([{\"role\": \"user\", \"content\": \"...\"}, ...], as\n"
                "                        a pipeline takes it) through the chat template, the generation\n"
-               "                        prompt after it\n");
+               "                        prompt after it\n"
+               "  --continue-final-message auto|on|off   with --messages: on continues the final message\n"
+               "                        (the text stops where its content does: no end of turn, no\n"
+               "                        generation prompt; apply_chat_template(continue_final_message=\n"
+               "                        True)); auto (default), as a transformers pipeline: on when the\n"
+               "                        final message is the assistant's\n");
     fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1); the sampling options below (--top-h to\n"
                "                        --eta-cutoff, --sample-seed) are refused then, as they would be\n"
@@ -305,16 +310,25 @@ static int parse_eos(const char *v, dt_generate_params *gp)
 }
 
 /* --chat: [system,] user's prompt through t's chat template, with the generation prompt; or the conversation of
- * JSON file messages (--messages). */
+ * JSON file messages (--messages), its final message continued where cont says (1 on, 0 off, -1 auto: an
+ * assistant's). */
 static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const char *prompt, const char *messages,
-                             char **text, size_t *len)
+                             int cont, char **text, size_t *len)
 {
     if (messages) {
         char *js = NULL;
         size_t n = 0;
         dt_status st = dt_file_read_all(messages, (size_t)64 << 20, &js, &n);
+        if (st >= 0 && cont < 0) { /* auto: continue an assistant's final message (the render checks the JSON) */
+            cJSON *c = cJSON_ParseWithLength(js, n);
+            const cJSON *last = cJSON_IsArray(c) && c->child ? c->child->prev : NULL;
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
+            cont = cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
+            cJSON_Delete(c);
+        }
         if (st >= 0)
-            st = dt_tokenizer_render_chat(t, js, n, true, NULL, 0, text, len);
+            st = dt_tokenizer_render_chat(t, js, n, cont ? DT_CHAT_CONTINUE : DT_CHAT_GENERATION_PROMPT, NULL, 0,
+                                          text, len);
         free(js);
         return st < 0 ? dt_error(st, "--messages %s: %s", messages, dt_last_error()) : st;
     }
@@ -330,7 +344,7 @@ static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const ch
     cJSON_Delete(c);
     if (!js)
         return dt_error(DT_ERR_NO_MEMORY, "--chat: out of memory");
-    dt_status st = dt_tokenizer_render_chat(t, js, strlen(js), true, NULL, 0, text, len);
+    dt_status st = dt_tokenizer_render_chat(t, js, strlen(js), DT_CHAT_GENERATION_PROMPT, NULL, 0, text, len);
     cJSON_free(js);
     return st < 0 ? dt_error(st, "--chat: %s", dt_last_error()) : st;
 }
@@ -343,6 +357,8 @@ int dt_cmd_generate(int argc, char **argv)
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
     bool seed_given = false;
+    int cont = -1; /* --continue-final-message: 1 on, 0 off, -1 auto */
+    bool cont_given = false;
     /* the options given: they override an hf:DIR model's generation_config.json */
     bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
          pen_given = false, minnew_given = false, ngram_given = false, beams_given = false, lenpen_given = false,
@@ -399,6 +415,13 @@ int dt_cmd_generate(int argc, char **argv)
             system = v;
         } else if (!strcmp(a, "--messages")) {
             messages = v;
+        } else if (!strcmp(a, "--continue-final-message")) {
+            cont = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : !strcmp(v, "auto") ? -1 : -2;
+            if (cont == -2) {
+                dt__cli_err("dtrain generate: --continue-final-message %s: want auto, on or off\n", v);
+                return 2;
+            }
+            cont_given = true;
         } else if (!strcmp(a, "--kv-cache")) {
             if (on_off(a, v, &gp.kv_cache) < 0)
                 return 2;
@@ -549,6 +572,15 @@ int dt_cmd_generate(int argc, char **argv)
                         "tower or projector left out (the language model's load)\n", lora_from, peft.left_out);
     }
     dt_error_clear();
+    if (cont_given && !messages) {
+        dt__tuning_free(&tu);
+        free(mname);
+        free(vtext);
+        dt_tokenizer_free(ttok);
+        dt__cli_err("dtrain generate: --continue-final-message continues the final message of --messages FILE: give "
+                    "the conversation with it\n");
+        return 2;
+    }
     if (messages && (ptext || ids || system)) {
         dt__tuning_free(&tu);
         free(mname);
@@ -605,7 +637,7 @@ int dt_cmd_generate(int argc, char **argv)
         char *ctext = NULL;
         size_t clen = 0;
         if ((!tok && dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok) < 0) ||
-            (chat && chat_prompt(tok, system, messages ? NULL : ptext, messages, &ctext, &clen) < 0) ||
+            (chat && chat_prompt(tok, system, messages ? NULL : ptext, messages, cont, &ctext, &clen) < 0) ||
             dt_tokenizer_encode(tok, chat ? ctext : ptext, chat ? clen : strlen(ptext), !chat, &enc, &np) < 0) {
             free(ctext);
             rc = bad();

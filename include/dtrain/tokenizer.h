@@ -147,33 +147,51 @@ DT_API const char *dt_tokenizer_chat_template(const dt_tokenizer *t);
  * from in messages (NULL: "<memory>"). DT_ERR_FORMAT for a NUL byte or
  * more than 1 MiB. */
 DT_API dt_status dt_tokenizer_set_chat_template(dt_tokenizer *t, const char *tmpl, size_t n, const char *name);
+/* How a rendered conversation ends (dt_tokenizer_render_chat's end;
+ * false and true are the first two, apply_chat_template's
+ * add_generation_prompt). */
+typedef enum dt_chat_end {
+    DT_CHAT_CLOSED = 0,            /* as the template ends its last message */
+    DT_CHAT_GENERATION_PROMPT = 1, /* the template's generation prompt after it */
+    DT_CHAT_CONTINUE = 2,          /* the final message left open, to be continued */
+} dt_chat_end;
+
 /* Render t's chat template over conversation[0, n), a JSON list of
  * messages ({"role": "user", "content": "..."}, ...), as transformers'
- * tokenizer.apply_chat_template(messages, tokenize=False,
- * add_generation_prompt=...) of transformers 5 does, byte for byte: the
- * template sees messages (each without its keys whose value is null, an
- * assistant's "reasoning_content"/"thinking"/"reasoning" under the first
- * two names too), add_generation_prompt, tools and documents (null when
- * not given), bos_token, eos_token, unk_token and pad_token (those the
- * tokenizer_config.json names), and the keys of the JSON object
- * kwargs[0, kn) (NULL, 0: none; "tools", "documents", "enable_thinking",
- * ...: apply_chat_template's keyword arguments). The Jinja
- * subset is what chat templates use: if/for/set/macro, loop variables,
- * namespace(), filters (tojson, trim, length, ...), tests, string and dict
- * methods, raise_exception(); it renders as jinja2's sandbox with
- * trim_blocks and lstrip_blocks. *text malloc'd (free() it), NUL-ended,
- * *len without the NUL. Encode the text with add_special false: the
- * template holds its special tokens (apply_chat_template(tokenize=True)).
+ * tokenizer.apply_chat_template(messages, tokenize=False, ...) of
+ * transformers 5 does, byte for byte: the template sees messages (each
+ * without its keys whose value is null, an assistant's
+ * "reasoning_content"/"thinking"/"reasoning" under the first two names
+ * too), add_generation_prompt (end == DT_CHAT_GENERATION_PROMPT), tools
+ * and documents (null when not given), bos_token, eos_token, unk_token and
+ * pad_token (those the tokenizer_config.json names), and the keys of the
+ * JSON object kwargs[0, kn) (NULL, 0: none; "tools", "documents",
+ * "enable_thinking", ...: apply_chat_template's keyword arguments). The
+ * Jinja subset is what chat templates use: if/for/set/macro, loop
+ * variables, namespace(), filters (tojson, trim, length, ...), tests,
+ * string and dict methods, raise_exception(); it renders as jinja2's
+ * sandbox with trim_blocks and lstrip_blocks.
+ * DT_CHAT_CONTINUE is apply_chat_template(continue_final_message=True),
+ * what a transformers pipeline does when the conversation ends with an
+ * assistant's message: the text stops where the final message's content
+ * does (a list of parts: its last part with a "text"), without what the
+ * template writes after it (a mark is rendered at the content's end and
+ * the text cut there; whitespace the template strips from the content's
+ * end is left out too).
+ * *text malloc'd (free() it), NUL-ended, *len without the NUL. Encode the
+ * text with add_special false: the template holds its special tokens
+ * (apply_chat_template(tokenize=True)).
  * Errors: DT_ERR_INVALID_ARG (t has no template, an empty conversation, a
  * message without a string "role", the template's raise_exception, naming
- * its message, or a failure while rendering), DT_ERR_FORMAT (not JSON, a
- * template that does
- * not parse, naming its line), DT_ERR_UNSUPPORTED (a Jinja construct
- * outside the subset, named), DT_ERR_RANGE (a limit passed: 256 MiB of
- * output, 10 million loop iterations, 100 nested macro calls, ...). */
+ * its message, or a failure while rendering; with DT_CHAT_CONTINUE a final
+ * message without text content to continue, a template that never names
+ * "content" or does not write the content), DT_ERR_FORMAT (not JSON, a
+ * template that does not parse, naming its line), DT_ERR_UNSUPPORTED (a
+ * Jinja construct outside the subset, named), DT_ERR_RANGE (a limit
+ * passed: 256 MiB of output, 10 million loop iterations, 100 nested macro
+ * calls, ...). */
 DT_API dt_status dt_tokenizer_render_chat(const dt_tokenizer *t, const char *conversation, size_t n,
-                                          bool add_generation_prompt, const char *kwargs, size_t kn, char **text,
-                                          size_t *len);
+                                          dt_chat_end end, const char *kwargs, size_t kn, char **text, size_t *len);
 
 /* The two files transformers reads beside a tokenizer.json in a model
  * directory, as JSON text (each malloc'd; free() them):

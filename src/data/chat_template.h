@@ -63,4 +63,9 @@ dt_status dt__chat_render(const char *tmpl, size_t n, const char *name, const cJ
 dt_status dt__chat_render_spans(const char *tmpl, size_t n, const char *name, const cJSON *ctx, char **out,
                                 size_t *out_len, size_t **spans, size_t *nspans);
 
+/* Python's str.strip() (which 'b'), lstrip() ('l') or rstrip() ('r') of
+ * s[0, n): the whitespace (Unicode, as str.isspace) at those ends left
+ * out; the rest is s[*start, *end). */
+void dt__chat_py_strip(const char *s, size_t n, int which, size_t *start, size_t *end);
+
 #endif

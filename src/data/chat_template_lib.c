@@ -195,6 +195,13 @@ static ct_val strip(ct_val s, ct_val chars, int which)
     return ct_str(p + a, e - a);
 }
 
+void dt__chat_py_strip(const char *s, size_t n, int which, size_t *start, size_t *end)
+{
+    ct_val r = strip(ct_str(s, n), (ct_val){.k = CT_ABSENT}, which);
+    *start = (size_t)(r.u.s.p - s);
+    *end = *start + r.u.s.n;
+}
+
 static const char *find(const char *h, size_t hn, const char *n, size_t nn)
 {
     return nn ? memmem(h, hn, n, nn) : h;

@@ -126,9 +126,94 @@ static cJSON *template_message(const cJSON *m)
     return o;
 }
 
-dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool add_generation_prompt,
-                              const cJSON *tools, const cJSON *kwargs, const char *where, char **text, size_t *len,
-                              size_t **spans, size_t *nspans)
+#define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
+
+/* continue_final_message: the final message m (the template's copy of it) gets CONTINUE_TAG after its content's
+ * text (a list of parts: after the last part's "text"), as transformers 5 marks it; *final is that text before the
+ * mark (malloc'd). */
+static dt_status mark_final(const dt_tokenizer *t, cJSON *m, const char *where, char **final)
+{
+    *final = NULL;
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (!c)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: continuing the final message needs its \"content\", and it has "
+                        "none", where);
+    if (!strstr(t->chat_template, "content"))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: continuing the final message needs a chat template that writes "
+                        "its \"content\", and this one never names it", where);
+    /* the holder of the text: m, or a copy of the content list's last part with a "text" */
+    cJSON *content = cJSON_IsArray(c) ? cJSON_Duplicate(c, true) : NULL, *holder = m, *text = c;
+    if (cJSON_IsArray(c)) {
+        if (!content)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
+        text = NULL;
+        for (cJSON *p = content->child ? content->child->prev : NULL; p && !text;
+             p = p == content->child ? NULL : p->prev)
+            if (cJSON_IsObject(p) && (text = cJSON_GetObjectItemCaseSensitive(p, "text")))
+                holder = p;
+    }
+    dt_status st = DT_OK;
+    if (!text)
+        st = dt_error(DT_ERR_INVALID_ARG, "%s: continuing the final message needs a part with a \"text\" in its "
+                      "content, and it has none", where);
+    else if (!cJSON_IsString(text))
+        st = dt_error(DT_ERR_INVALID_ARG, "%s: continuing the final message needs its content%s to be a string",
+                      where, content ? "'s last \"text\"" : "");
+    if (st == DT_OK) {
+        const size_t n = strlen(text->valuestring);
+        char *marked = malloc(n + sizeof CONTINUE_TAG);
+        cJSON *v = NULL;
+        if (marked && (*final = malloc(n + 1))) {
+            memcpy(*final, text->valuestring, n + 1);
+            memcpy(marked, text->valuestring, n);
+            memcpy(marked + n, CONTINUE_TAG, sizeof CONTINUE_TAG);
+            v = cJSON_CreateString(marked);
+        }
+        free(marked);
+        /* a replaced item is deleted: m's "content" is a reference (its value the caller's), the copy's own */
+        if (!v || !cJSON_ReplaceItemInObjectCaseSensitive(holder, holder == m ? "content" : "text", v)) {
+            cJSON_Delete(v);
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
+        } else if (content && cJSON_ReplaceItemInObjectCaseSensitive(m, "content", content)) {
+            content = NULL; /* m's now */
+        } else if (content) {
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
+        }
+    }
+    cJSON_Delete(content);
+    if (st < 0) {
+        free(*final);
+        *final = NULL;
+    }
+    return st;
+}
+
+/* continue_final_message: text[0, *len) cut where the mark is (the final message's text final ends there), as
+ * transformers 5 cuts it: at the mark's last place; when the template stripped the space after it, the whitespace
+ * before it goes too. */
+static dt_status cut_at_mark(char *text, size_t *len, const char *final, const char *where)
+{
+    const size_t tag = sizeof CONTINUE_TAG - 2; /* the mark without its space */
+    size_t a, e;
+    dt__chat_py_strip(final, strlen(final), 'b', &a, &e);
+    const char *at = NULL;
+    for (size_t i = *len >= tag ? *len - tag + 1 : 0; !at && i-- > 0;)
+        if (!memcmp(text + i, CONTINUE_TAG, tag))
+            at = text + i;
+    if (!at || (e > a && !memmem(text, *len, final + a, e - a)))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the chat template does not write the final message's content as it "
+                        "is, so it cannot be continued (transformers refuses it too)", where);
+    size_t n = (size_t)(at - text);
+    if ((size_t)(text + *len - at) <= tag || at[tag] != ' ')
+        dt__chat_py_strip(text, n, 'r', &a, &n);
+    text[n] = 0;
+    *len = n;
+    return DT_OK;
+}
+
+dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, dt_chat_end end, const cJSON *tools,
+                              const cJSON *kwargs, const char *where, char **text, size_t *len, size_t **spans,
+                              size_t *nspans)
 {
     *text = NULL;
     *len = 0;
@@ -139,6 +224,8 @@ dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool
     if (!cJSON_IsArray(messages))
         return dt_error(DT_ERR_INVALID_ARG, "%s: want a JSON list of messages ({\"role\": ..., \"content\": ...}, "
                         "...)", where);
+    if (end == DT_CHAT_CONTINUE && spans) /* apply_chat_template refuses these together */
+        return dt_error(DT_ERR_INVALID_ARG, "%s: continuing the final message has no assistant mask", where);
     const cJSON *m;
     int i = 0;
     cJSON_ArrayForEach(m, messages) { /* what apply_chat_template itself needs of a message */
@@ -180,12 +267,15 @@ dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool
             break;
         }
     }
-    ok = ok && msgs && cJSON_AddBoolToObject(ctx, "add_generation_prompt", add_generation_prompt) &&
+    ok = ok && msgs && cJSON_AddBoolToObject(ctx, "add_generation_prompt", end == DT_CHAT_GENERATION_PROMPT) &&
          (tools ? cJSON_AddItemReferenceToObject(ctx, "tools", (cJSON *)tools) != 0
                 : cJSON_AddNullToObject(ctx, "tools") != NULL) &&
          (docs ? cJSON_AddItemReferenceToObject(ctx, "documents", (cJSON *)docs) != 0
                : cJSON_AddNullToObject(ctx, "documents") != NULL);
     dt_status st = ok ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", where);
+    char *final = NULL;
+    if (st == DT_OK && end == DT_CHAT_CONTINUE)
+        st = mark_final(t, msgs->child->prev, where, &final);
     if (st == DT_OK) {
         char name[700];
         snprintf(name, sizeof name, "%s (%s)", t->chat_template_src ? t->chat_template_src : "the chat template",
@@ -194,13 +284,18 @@ dt_status dt__tok_render_chat(const dt_tokenizer *t, const cJSON *messages, bool
                                            nspans)
                    : dt__chat_render(t->chat_template, strlen(t->chat_template), name, ctx, text, len);
     }
+    if (st == DT_OK && final && (st = cut_at_mark(*text, len, final, where)) < 0) {
+        free(*text);
+        *text = NULL;
+        *len = 0;
+    }
+    free(final);
     cJSON_Delete(ctx);
     return st;
 }
 
-dt_status dt_tokenizer_render_chat(const dt_tokenizer *t, const char *conversation, size_t n,
-                                   bool add_generation_prompt, const char *kwargs, size_t kn, char **text,
-                                   size_t *len)
+dt_status dt_tokenizer_render_chat(const dt_tokenizer *t, const char *conversation, size_t n, dt_chat_end end,
+                                   const char *kwargs, size_t kn, char **text, size_t *len)
 {
     if (!text || !len)
         return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_render_chat: NULL argument");
@@ -208,14 +303,15 @@ dt_status dt_tokenizer_render_chat(const dt_tokenizer *t, const char *conversati
     *len = 0;
     if (!t || !conversation || (!kwargs && kn))
         return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_render_chat: NULL argument");
+    if ((unsigned)end > DT_CHAT_CONTINUE)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_render_chat: end %d is not a dt_chat_end", (int)end);
     cJSON *msgs = NULL, *kw = NULL;
     dt_status st = dt__json_parse_strict(conversation, n, "the conversation", &msgs);
     if (st >= 0 && kwargs)
         st = dt__json_parse_strict(kwargs, kn, "the chat template's keyword arguments", &kw);
     if (st >= 0) {
         const cJSON *tools = cJSON_GetObjectItemCaseSensitive(kw, "tools");
-        st = dt__tok_render_chat(t, msgs, add_generation_prompt, tools, kw, "the conversation", text, len, NULL,
-                                 NULL);
+        st = dt__tok_render_chat(t, msgs, end, tools, kw, "the conversation", text, len, NULL, NULL);
     }
     cJSON_Delete(msgs);
     cJSON_Delete(kw);

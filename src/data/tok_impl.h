@@ -115,14 +115,15 @@ char *dt__tok_text_of(const dt_tokenizer *t, uint32_t id);
 struct cJSON;
 dt_status dt__tok_config_chat(const struct cJSON *root, const char *name, char **tmpl);
 /* Render t's chat template over messages (a JSON array of message
- * objects) with add_generation_prompt, tools (NULL: none) and the further
- * variables of object kwargs (NULL: none), as transformers'
- * apply_chat_template(tokenize=False): *text malloc'd. where names the
+ * objects) with tools (NULL: none) and the further variables of object
+ * kwargs (NULL: none), ending as end says (dt_tokenizer_render_chat), as
+ * transformers' apply_chat_template(tokenize=False): *text malloc'd. where
+ * names the
  * conversation in messages. With spans, the [start, end) byte ranges of
  * the text its {% generation %} blocks wrote too (*spans malloc'd, pairs;
  * dt__chat_render_spans). DT_ERR_INVALID_ARG when t has no template, a
  * message is not an object with a string "role", or rendering fails. */
-dt_status dt__tok_render_chat(const dt_tokenizer *t, const struct cJSON *messages, bool add_generation_prompt,
+dt_status dt__tok_render_chat(const dt_tokenizer *t, const struct cJSON *messages, dt_chat_end end,
                               const struct cJSON *tools, const struct cJSON *kwargs, const char *where, char **text,
                               size_t *len, size_t **spans, size_t *nspans);
 

@@ -9,8 +9,9 @@ AutoTokenizer.from_pretrained(DIR).apply_chat_template(messages, tools=...,
 add_generation_prompt=..., tokenize=False, **the other variables) against
 libdtrain's dt_tokenizer_load(DIR) + dt_tokenizer_render_chat, then the ids
 (tokenizer(text, add_special_tokens=False) against dt_tokenizer_encode with
-add_special false). Equal text and ids, or an error on both sides, count as
-equal. Where test_chat_template.c checks the renderer against jinja2 with
+add_special false); each conversation once more with
+continue_final_message=True (DT_CHAT_CONTINUE). Equal text and ids, or an
+error on both sides, count as equal. Where test_chat_template.c checks the renderer against jinja2 with
 the variables given as they are, this checks what transformers itself hands
 the template (null keys dropped, tools and documents None, the special
 tokens, reasoning aliases). Then, for two templates that mark the
@@ -40,9 +41,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 lib = ctypes.CDLL(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "libdtrain.so"))
 P = ctypes.POINTER
 lib.dt_tokenizer_load.argtypes = [ctypes.c_char_p, P(ctypes.c_void_p)]
-lib.dt_tokenizer_render_chat.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_bool,
+lib.dt_tokenizer_render_chat.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
                                          ctypes.c_char_p, ctypes.c_size_t, P(ctypes.c_void_p), P(ctypes.c_size_t)]
-lib.dt_tokenizer_encode.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_bool,
+lib.dt_tokenizer_encode.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
                                     P(P(ctypes.c_uint32)), P(ctypes.c_int64)]
 lib.dt_last_error.restype = ctypes.c_char_p
 lib.dt_tokenizer_free.argtypes = [ctypes.c_void_p]
@@ -52,7 +53,7 @@ libc.free.argtypes = [ctypes.c_void_p]
 data = os.path.join(ROOT, "tests", "data")
 convs = json.load(open(os.path.join(data, "chat_template", "conversations.json")))
 work = tempfile.mkdtemp(prefix="dt_chat_check_")
-equal, differ = 0, []
+equal, continued, differ = 0, 0, []
 for path in sorted(glob.glob(os.path.join(data, "chat_template", "*.jinja"))):
     d = os.path.join(work, "tok")
     shutil.rmtree(d, ignore_errors=True)
@@ -65,15 +66,19 @@ for path in sorted(glob.glob(os.path.join(data, "chat_template", "*.jinja"))):
     tok = ctypes.c_void_p()
     if lib.dt_tokenizer_load(d.encode(), ctypes.byref(tok)) != 0:
         sys.exit("dt_tokenizer_load: " + lib.dt_last_error().decode())
-    for conv in convs:
-        name = "%s/%s" % (os.path.basename(path), conv["name"])
+    for conv, end in [(c, e) for c in convs for e in ("plain", "continue")]:
+        name = "%s/%s%s" % (os.path.basename(path), conv["name"], " (continue_final_message)" * (end == "continue"))
         v = dict(conv["vars"])
         msgs, agp = v.pop("messages"), v.pop("add_generation_prompt", False)
         for k in ("bos_token", "eos_token", "unk_token", "pad_token"):  # the tokenizer's own
             v.pop(k, None)
         tools = v.pop("tools", None)
+        cont = end == "continue"
+        if cont:
+            agp = False  # apply_chat_template refuses both
         try:
-            want = hf.apply_chat_template(msgs, tools=tools, add_generation_prompt=agp, tokenize=False, **v)
+            want = hf.apply_chat_template(msgs, tools=tools, add_generation_prompt=agp, tokenize=False,
+                                          continue_final_message=cont, **v)
             want_ids = hf(want, add_special_tokens=False)["input_ids"]
         except Exception as e:  # the template's own error: dtrain must fail too
             want = None
@@ -81,10 +86,12 @@ for path in sorted(glob.glob(os.path.join(data, "chat_template", "*.jinja"))):
         kw = dict(v, **({"tools": tools} if tools is not None else {}))
         cj, kj = json.dumps(msgs).encode(), json.dumps(kw).encode()
         out, n = ctypes.c_void_p(), ctypes.c_size_t()
-        rc = lib.dt_tokenizer_render_chat(tok, cj, len(cj), agp, kj, len(kj), ctypes.byref(out), ctypes.byref(n))
+        rc = lib.dt_tokenizer_render_chat(tok, cj, len(cj), 2 if cont else int(agp), kj, len(kj), ctypes.byref(out),
+                                          ctypes.byref(n))
         if rc != 0:
             if want is None:
                 equal += 1
+                continued += cont
             else:
                 differ.append("%s: dtrain failed: %s" % (name, lib.dt_last_error().decode()))
             continue
@@ -105,6 +112,7 @@ for path in sorted(glob.glob(os.path.join(data, "chat_template", "*.jinja"))):
             differ.append("%s: ids differ" % name)
             continue
         equal += 1
+        continued += cont
     lib.dt_tokenizer_free(tok)
 
 # The assistant mask: transformers' apply_chat_template(return_assistant_tokens_mask=True) against the targets
@@ -183,6 +191,6 @@ for gname, gt in GEN_TEMPLATES.items():
 shutil.rmtree(work, ignore_errors=True)
 for line in differ:
     print(line)
-print("transformers %s: %d equal (%d of them assistant masks with assistant tokens), %d different"
-      % (transformers.__version__, equal, masked, len(differ)))
+print("transformers %s: %d equal (%d of them continue_final_message, %d assistant masks with assistant tokens), "
+      "%d different" % (transformers.__version__, equal, continued, masked, len(differ)))
 sys.exit(1 if differ else 0)

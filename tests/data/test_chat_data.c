@@ -59,11 +59,11 @@ static dt_tokenizer *load_chat(void)
     return t;
 }
 
-static char *render(const dt_tokenizer *t, const char *conv, bool gen, const char *kw)
+static char *render(const dt_tokenizer *t, const char *conv, dt_chat_end end, const char *kw)
 {
     char *s = NULL;
     size_t n = 0;
-    if (dt_tokenizer_render_chat(t, conv, strlen(conv), gen, kw, kw ? strlen(kw) : 0, &s, &n) < 0) {
+    if (dt_tokenizer_render_chat(t, conv, strlen(conv), end, kw, kw ? strlen(kw) : 0, &s, &n) < 0) {
         fprintf(stderr, "render: %s\n", dt_last_error());
         return NULL;
     }
@@ -121,6 +121,78 @@ TEST(render_llama3_shape)
 
 /* Where the template comes from: the config's string, a list's "default" (none so named: none), and
  * chat_template.jinja beside the tokenizer.json, which wins; a failing config changes nothing. */
+/* apply_chat_template(continue_final_message=True) (transformers 5.25's outputs): the text ends where the final
+ * message's content does; whitespace a template trims off the content goes, whitespace it keeps stays; a list
+ * content continues its last text part; what cannot be continued is named. */
+TEST(continue_final_message)
+{
+    dt_tokenizer *t = load_chat();
+    ASSERT(t != NULL);
+    const char *open = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are kind.<|eot_id|>"
+                       "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>assistant"
+                       "<|end_header_id|>\n\nHello!";
+    char *s = render(t, CONV, DT_CHAT_CONTINUE, NULL);
+    ASSERT(s != NULL);
+    ASSERT_STR_EQ(s, open);
+    free(s);
+    /* the template trims the content: its trailing space goes with the text after it */
+    const char *sp = "[{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
+                     "\"Sure, \"}]";
+    s = render(t, sp, DT_CHAT_CONTINUE, NULL);
+    ASSERT(s != NULL);
+    ASSERT_STR_EQ(s, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>"
+                     "assistant<|end_header_id|>\n\nSure,");
+    free(s);
+    /* ChatML keeps it; a user's final message is continued as well */
+    const char *chatml = "{\"chat_template\": \"{% for m in messages %}<|im_start|>{{ m.role }}\\n{% if m.content "
+                         "is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}"
+                         "{{ p.text }}{% else %}<image>{% endif %}{% endfor %}{% endif %}<|im_end|>\\n{% endfor %}\"}";
+    ASSERT_OK(dt_tokenizer_apply_config(t, chatml, strlen(chatml), "chatml"));
+    s = render(t, sp, DT_CHAT_CONTINUE, NULL);
+    ASSERT(s != NULL);
+    ASSERT_STR_EQ(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nSure, ");
+    free(s);
+    s = render(t, "[{\"role\": \"user\", \"content\": \"Write a poem\"}]", DT_CHAT_CONTINUE, NULL);
+    ASSERT(s != NULL);
+    ASSERT_STR_EQ(s, "<|im_start|>user\nWrite a poem");
+    free(s);
+    const char *parts = "[{\"role\": \"assistant\", \"content\": [{\"type\": \"text\", \"text\": \"A\"}, "
+                        "{\"type\": \"image\"}, {\"type\": \"text\", \"text\": \"B\"}, {\"type\": \"image\"}]}]";
+    s = render(t, parts, DT_CHAT_CONTINUE, NULL);
+    ASSERT(s != NULL);
+    ASSERT_STR_EQ(s, "<|im_start|>assistant\nA<image>B");
+    free(s);
+    s = render(t, parts, DT_CHAT_CLOSED, NULL); /* the caller's messages are left as they were */
+    ASSERT(s != NULL);
+    ASSERT_STR_EQ(s, "<|im_start|>assistant\nA<image>B<image><|im_end|>\n");
+    free(s);
+    const struct {
+        const char *conv, *cfg, *msg;
+    } bad[] = {
+        {"[{\"role\": \"assistant\", \"content\": null}]", NULL, "needs its \"content\""},
+        {"[{\"role\": \"assistant\", \"content\": [{\"type\": \"image\"}]}]", NULL, "a part with a \"text\""},
+        {"[{\"role\": \"assistant\", \"content\": 7}]", NULL, "to be a string"},
+        {CONV, "{\"chat_template\": \"{% for m in messages %}{{ m.role }}{% endfor %}\"}", "never names it"},
+        {CONV, "{\"chat_template\": \"{% for m in messages %}{{ m.role }}{% endfor %}{# content #}\"}",
+         "does not write the final message's content"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (bad[i].cfg)
+            ASSERT_OK(dt_tokenizer_apply_config(t, bad[i].cfg, strlen(bad[i].cfg), "bad"));
+        char *none = (char *)"x";
+        size_t nn = 1;
+        ASSERT_STATUS(dt_tokenizer_render_chat(t, bad[i].conv, strlen(bad[i].conv), DT_CHAT_CONTINUE, NULL, 0, &none,
+                                               &nn), DT_ERR_INVALID_ARG);
+        ASSERT(none == NULL && nn == 0);
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i].msg);
+    }
+    char *none = NULL;
+    size_t nn = 0;
+    ASSERT_STATUS(dt_tokenizer_render_chat(t, CONV, strlen(CONV), (dt_chat_end)3, NULL, 0, &none, &nn),
+                  DT_ERR_INVALID_ARG);
+    dt_tokenizer_free(t);
+}
+
 TEST(template_sources)
 {
     char src[1024], cmd[2200];
@@ -431,6 +503,7 @@ int main(void)
     if (!g_dir[0])
         return 1;
     RUN(render_llama3_shape);
+    RUN(continue_final_message);
     RUN(template_sources);
     RUN(render_errors);
     RUN(messages_lines);

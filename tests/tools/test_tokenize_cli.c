@@ -787,6 +787,38 @@ TEST(chat_template_cli)
                                       "--messages", convp, NULL});
     ASSERT_EQ_INT(c.code, 2);
     ASSERT_STR_CONTAINS(c.err, "bad.json");
+    /* a conversation ending with the assistant's words: continued (a pipeline's default), or a new turn (off) */
+    const char *part = "[{\"role\": \"user\", \"content\": \"Who made the light?\"}, {\"role\": \"assistant\", "
+                       "\"content\": \"It was \"}]";
+    ASSERT(t_write_in(dir, "part.json", part));
+    snprintf(convp, sizeof convp, "%s/part.json", dir);
+    ASSERT_OK(dt_tokenizer_load(dir, &t));
+    for (int k = 0; k < 3; k++) { /* auto, on, off */
+        char *w = NULL;
+        size_t wn = 0;
+        ASSERT_OK(dt_tokenizer_render_chat(t, part, strlen(part), k < 2 ? DT_CHAT_CONTINUE : DT_CHAT_GENERATION_PROMPT,
+                                           NULL, 0, &w, &wn));
+        ASSERT(k == 2 || (wn > 6 && !strcmp(w + wn - 6, "It was"))); /* the template trims the content */
+        cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                          "--messages", convp, "--temperature", "0", "--max-new-tokens", "3",
+                                          "--eos-id", "none", k ? "--continue-final-message" : "--chat",
+                                          k == 1 ? "on" : k ? "off" : "on", NULL});
+        if (c.code != 0 || strncmp(c.out, w, wn))
+            fprintf(stderr, "continue %d: want the start\n%s\ngot\n%s\n%s\n", k, w, c.out, c.err);
+        ASSERT_EQ_INT(c.code, 0);
+        ASSERT(!strncmp(c.out, w, wn) && strlen(c.out) > wn);
+        ASSERT(k == 2 || strncmp(c.out + wn, "<|eot_id|>", 10)); /* continued, not the turn's end */
+        free(w);
+    }
+    dt_tokenizer_free(t);
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--chat", "on", "--prompt", "x", "--continue-final-message", "on", NULL});
+    ASSERT_EQ_INT(c.code, 2);
+    ASSERT_STR_CONTAINS(c.err, "--continue-final-message continues the final message of --messages");
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", dir,
+                                      "--messages", convp, "--continue-final-message", "yes", NULL});
+    ASSERT_EQ_INT(c.code, 2);
+    ASSERT_STR_CONTAINS(c.err, "want auto, on or off");
     /* training on conversations, the template kept by the checkpoint */
     char *data = tp(4, "chats.jsonl"), *ck = tp(5, "chat_ck");
     FILE *f = fopen(data, "w");
