@@ -3,7 +3,8 @@
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
  * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Gemma3ForCausalLM (and the language model of
  * Gemma3ForConditionalGeneration: its text_config), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
- * GraniteForCausalLM, Olmo2ForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
+ * GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM and GPT2LMHeadModel; every value dtrain does not
+ * implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
@@ -326,6 +327,33 @@ static void read_gemma3_rope(cfg_reader *r, dt_llama_config *c)
         read_scaling(r, full, "rope_parameters.full_attention", c, false);
 }
 
+/* SmolLM3Config's NoPE layers: no_rope_layers (1 a layer with RoPE, 0 one without, one entry a layer at least;
+ * Python's truth of each), or without it every no_rope_layer_interval-th layer (4) without. */
+static void read_nope(cfg_reader *r, dt_llama_config *c)
+{
+    const cJSON *nl = item(r->root, "no_rope_layers");
+    const int64_t L = c->num_hidden_layers;
+    const int64_t every = nl && !cJSON_IsNull(nl) ? 0 : get_int(r, r->root, "no_rope_layer_interval", 4, 1, INT32_MAX);
+    if (nl && !cJSON_IsNull(nl) && (!cJSON_IsArray(nl) || cJSON_GetArraySize(nl) < L) && r->st >= 0) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"no_rope_layers\" must be a list of 0 and 1 with an entry for each "
+                         "of the %lld layers", r->path, (long long)L);
+        return;
+    }
+    const cJSON *e = cJSON_IsArray(nl) ? nl->child : NULL;
+    for (int64_t i = 0; i < L && r->st >= 0; i++, e = e ? e->next : NULL) {
+        if (e && !cJSON_IsNumber(e) && !cJSON_IsBool(e)) {
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"no_rope_layers\": entry %lld is not a number", r->path,
+                             (long long)i);
+            return;
+        }
+        const bool nope = e ? (cJSON_IsBool(e) ? cJSON_IsFalse(e) : e->valuedouble == 0.0) : (i + 1) % every == 0;
+        if (nope && i >= DT_LLAMA_MAX_LAYERS)
+            unsupported(r, "no_rope_layers", "a layer without RoPE past the first 256 layers is not supported");
+        else if (i < DT_LLAMA_MAX_LAYERS)
+            c->nope_layers[i] = nope;
+    }
+}
+
 static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
 {
     const cJSON *o = r->root;
@@ -334,28 +362,31 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const bool gemma = !strcmp(arch, "GemmaForCausalLM"), phi3 = !strcmp(arch, "Phi3ForCausalLM");
     const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM"), gemma3 = !strcmp(arch, "Gemma3ForCausalLM");
     const bool gemma2 = !strcmp(arch, "Gemma2ForCausalLM") || gemma3; /* Gemma 3: Gemma 2's block and more */
+    const bool smollm3 = !strcmp(arch, "SmolLM3ForCausalLM");
     memset(c, 0, sizeof *c);
     /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Gemma3TextConfig's,
-       Phi3Config's and Olmo2Config's where they differ */
+       Phi3Config's, Olmo2Config's and SmolLM3Config's where they differ */
     c->vocab_size = get_int(r, o, "vocab_size",
                             gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064
-                                : olmo2 ? 50304 : 32000, 1, big);
-    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : 4096, 1, big);
+                                : olmo2 ? 50304 : smollm3 ? 128256 : 32000, 1, big);
+    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 ? 2048 : 4096, 1,
+                             big);
     c->intermediate_size = get_int(r, o, "intermediate_size",
                                    gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192 : 11008, 1, big);
-    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : 32, 1, big);
-    c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma ? 16 : gemma2 ? 8 : 32, 1, big);
-    c->num_key_value_heads = get_int(r, o, "num_key_value_heads", gemma2 ? 4 : c->num_attention_heads, 1, big);
+    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : 32, 1, big);
+    c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma || smollm3 ? 16 : gemma2 ? 8 : 32, 1, big);
+    c->num_key_value_heads = get_int(r, o, "num_key_value_heads", gemma2 || smollm3 ? 4 : c->num_attention_heads, 1,
+                                     big);
     c->head_dim = get_int(r, o, "head_dim",
                           gemma || gemma2 ? 256 : qwen3 ? 128
                                 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
-                                         gemma3 ? 131072 : gemma || gemma2 ? 8192 : qwen3 ? 32768 : phi3 ? 4096
-                                             : 2048, 1, big);
+                                         gemma3 ? 131072 : gemma || gemma2 ? 8192 : qwen3 || smollm3 ? 32768
+                                             : phi3 ? 4096 : 2048, 1, big);
     c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
-    c->rope_theta = 10000.0;
+    c->rope_theta = smollm3 ? 2e6 : 10000.0; /* the configs' default_theta */
     c->rope_type = DT_ROPE_DEFAULT;
     c->rope_factor = 1.0;
     if (phi3) { /* Phi-3.5/Phi-4-mini: RoPE on int(head_dim * partial_rotary_factor) values of each head */
@@ -386,15 +417,16 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->gemma2 = gemma2;
     c->fused = phi3;
     const cJSON *pad = item(o, "pad_token_id");
-    if ((gemma || gemma2 || phi3 || olmo2) && !pad) { /* Gemma(2, 3)Config's pad_token_id 0, Phi3Config's 32000,
-                                                         Olmo2Config's 1 */
-        c->pad_token_id = gemma || gemma2 ? 0 : olmo2 ? 1 : 32000;
+    if ((gemma || gemma2 || phi3 || olmo2 || smollm3) && !pad) { /* Gemma(2, 3)Config's pad_token_id 0,
+                                                                    Phi3Config's 32000, Olmo2Config's 1,
+                                                                    SmolLM3Config's 128004 */
+        c->pad_token_id = gemma || gemma2 ? 0 : olmo2 ? 1 : smollm3 ? 128004 : 32000;
         c->has_pad_token = c->pad_token_id < c->vocab_size;
         if (!c->has_pad_token)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: %s's default %lld is outside the "
                              "vocabulary (vocab_size %lld); give it (null for none)", r->path,
                              gemma ? "GemmaConfig" : gemma3 ? "Gemma3TextConfig" : gemma2 ? "Gemma2Config"
-                             : olmo2 ? "Olmo2Config" : "Phi3Config",
+                             : olmo2 ? "Olmo2Config" : smollm3 ? "SmolLM3Config" : "Phi3Config",
                              (long long)c->pad_token_id, (long long)c->vocab_size);
     } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
         c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
@@ -424,7 +456,7 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
                 *v[k] = 0.0;
         }
     }
-    c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma || gemma2);
+    c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma || gemma2 || smollm3);
     if (gemma2) { /* Gemma2Config, Gemma3TextConfig: hidden_activation (a hidden_act is not read), the scale,
                      the soft caps (Gemma 3's none by default) */
         const char *act = get_str(r, o, "hidden_activation", "gelu_pytorch_tanh");
@@ -471,12 +503,14 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
        the forward and the cache (llama.c) and Gemma 3's RoPE base, with a window or without. */
     const bool mistral = !strcmp(arch, "MistralForCausalLM");
     const cJSON *swv = item(o, "sliding_window");
-    int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2) || (swv && cJSON_IsNull(swv))
+    int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2 || smollm3) || (swv && cJSON_IsNull(swv))
                      ? 0 : get_int(r, o, "sliding_window", gemma2 ? 4096 : 0, 0, INT64_MAX / 2);
     const int64_t pattern = gemma3 ? get_int(r, o, "sliding_window_pattern", 6, 1, big) : 0;
-    if ((qwen2 || qwen3) && !get_bool(r, o, "use_sliding_window", false))
+    if ((qwen2 || qwen3 || smollm3) && !get_bool(r, o, "use_sliding_window", false))
         sw = 0;
-    if (qwen2 || qwen3 || gemma2) {
+    if (smollm3)
+        read_nope(r, c);
+    if (qwen2 || qwen3 || gemma2 || smollm3) {
         const cJSON *lt = item(o, "layer_types");
         const int64_t L = c->num_hidden_layers;
         for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next)
@@ -488,13 +522,14 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         if (cJSON_IsArray(lt) && cJSON_GetArraySize(lt) != L && r->st >= 0)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"layer_types\" has %d entries for num_hidden_layers %lld",
                              r->path, cJSON_GetArraySize(lt), (long long)L);
-        const int64_t from = gemma2 ? 0 : get_int(r, o, "max_window_layers", 28, 0, big);
+        const int64_t from = gemma2 || smollm3 ? 0 : get_int(r, o, "max_window_layers", 28, 0, big);
         bool any = false; /* a sliding layer */
         const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL;
         for (int64_t i = 0; i < L && r->st >= 0; i++, e = e ? e->next : NULL) {
             /* the configs' defaults, or the list */
             const bool full = e ? !strcmp(e->valuestring, "full_attention")
-                              : gemma3 ? (i + 1) % pattern == 0 : gemma2 ? i % 2 == 1 : i < from;
+                              : gemma3 ? (i + 1) % pattern == 0 : gemma2 ? i % 2 == 1
+                              : smollm3 ? !sw || i >= DT_LLAMA_MAX_LAYERS || !c->nope_layers[i] : i < from;
             any |= !full;
             if (i < DT_LLAMA_MAX_LAYERS)
                 c->full_attention_layers[i] = full;
@@ -660,6 +695,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                           : !strcmp(mt, "gemma3") ? "Gemma3ForConditionalGeneration"
                           : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
                           : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
+                          : !strcmp(mt, "smollm3") ? "SmolLM3ForCausalLM"
                           : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : NULL;
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = mt_arch ? mt_arch : mt;
@@ -702,7 +738,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                    !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM") ||
                    !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Gemma2ForCausalLM") ||
                    !strcmp(arch, "Gemma3ForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
-                   !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM")) {
+                   !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM") ||
+                   !strcmp(arch, "SmolLM3ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -710,7 +747,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
-                            "GraniteForCausalLM, Olmo2ForCausalLM, GPT2LMHeadModel; Gemma3ForConditionalGeneration "
+                            "GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM, GPT2LMHeadModel; "
+                            "Gemma3ForConditionalGeneration "
                             "as its language model)", path, arch);
         }
     }

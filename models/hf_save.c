@@ -238,10 +238,12 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Gemma3ForCausalLM") ? "gemma3_text"
                        : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3"
                        : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite"
-                       : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2" : "llama";
+                       : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2"
+                       : !strcmp(h->architecture, "SmolLM3ForCausalLM") ? "smollm3" : "llama";
         const bool gemma3 = !strcmp(mt, "gemma3_text"), gemma2 = !strcmp(mt, "gemma2") || gemma3;
         const bool gemma = !strcmp(mt, "gemma") || gemma2;
         const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite"), olmo2 = !strcmp(mt, "olmo2");
+        const bool smollm3 = !strcmp(mt, "smollm3");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -310,13 +312,17 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 cJSON_AddNumberToObject(o, "partial_rotary_factor", f);
             }
         }
-        const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2; /* layers of two kinds */
-        if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"))
+        /* layers of two kinds */
+        const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2 || smollm3;
+        if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || smollm3)
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
-        else if (!strcmp(mt, "mistral") || phi3 || gemma2)
+        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3)
             cJSON_AddNullToObject(o, "sliding_window");
+        cJSON *nr = smollm3 ? cJSON_AddArrayToObject(o, "no_rope_layers") : NULL; /* 1: RoPE, 0: NoPE */
+        for (int64_t i = 0; nr && i < c->num_hidden_layers; i++)
+            cJSON_AddItemToArray(nr, cJSON_CreateNumber(i < DT_LLAMA_MAX_LAYERS && c->nope_layers[i] ? 0 : 1));
         /* Gemma 3's kinds also choose each layer's RoPE base, with a window or without */
         cJSON *lt = kinds && (c->sliding_window > 0 || gemma3) ? cJSON_AddArrayToObject(o, "layer_types") : NULL;
         for (int64_t i = 0; lt && i < c->num_hidden_layers && i < DT_LLAMA_MAX_LAYERS; i++)
@@ -334,7 +340,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                     cJSON_AddNullToObject(o, key[k]);
         }
         add_float(o, "attention_dropout", fnum((float)c->attention_dropout)); /* the model's p is a float */
-        if (!gemma && !phi3 && !granite && !olmo2)
+        if (!gemma && !phi3 && !granite && !olmo2 && !smollm3)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         if (granite) { /* 0: none, GraniteConfig's 1 */
             cJSON_AddNumberToObject(o, "embedding_multiplier", c->embedding_multiplier ? c->embedding_multiplier : 1);
@@ -345,7 +351,8 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
-        else if (gemma || phi3 || olmo2) /* Gemma(2)Config's default is 0, Phi3Config's 32000, Olmo2Config's 1 */
+        else if (gemma || phi3 || olmo2 || smollm3) /* Gemma(2)Config's default is 0, Phi3Config's 32000,
+                                                        Olmo2Config's 1, SmolLM3Config's 128004 */
             cJSON_AddNullToObject(o, "pad_token_id");
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);

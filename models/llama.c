@@ -55,6 +55,9 @@
  * parallelism each rank normalizes its heads' columns by the whole rows'
  * statistics: dt_tp_rms_norm).
  *
+ * SmolLM3 (transformers' SmolLM3ForCausalLM): the Llama block, its NoPE
+ * layers (nope_layers; every fourth by default) attending without RoPE.
+ *
  * Granite (transformers' GraniteForCausalLM): the Llama block with the
  * embeddings times embedding_multiplier, each attention and MLP output
  * times residual_multiplier before its residual add, the attention's scale
@@ -103,6 +106,7 @@ typedef struct {
     const struct llama_rt *rt;
     int64_t window; /* > 0: query i sees the keys (i - window, i]; 0: every earlier one */
     bool local;     /* RoPE with the sliding layers' base (rope_local_theta: Gemma 3's sliding layers) */
+    bool nope;      /* no RoPE: q and k as projected (nope_layers: SmolLM3's NoPE layers) */
 } attn_ud;
 
 /* What the forwards read: the root owns it (dt_nn_custom_owned), the
@@ -327,8 +331,10 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                                                                                           : rt->inv_freq;
     const float scale = !a->local && (rt->c.rope_type == DT_ROPE_LONGROPE || rt->c.rope_type == DT_ROPE_YARN)
                             ? (float)rt->c.rope_attention_factor : 1.0f;
-    q = dt_rope_partial(ctx, q, H, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
-    k = dt_rope_partial(ctx, k, KV, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
+    if (!a->nope) {
+        q = dt_rope_partial(ctx, q, H, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
+        k = dt_rope_partial(ctx, k, KV, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
+    }
     /* Granite's attention_multiplier, Gemma 2's query_pre_attn_scalar^-1/2: the kernels' 1/sqrt(hd) undone on q */
     const double am = rt->c.attention_multiplier != 0.0 ? rt->c.attention_multiplier
                       : rt->c.query_pre_attn_scalar > 0.0 ? 1.0 / sqrt(rt->c.query_pre_attn_scalar) : 0.0;
@@ -927,7 +933,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     for (int64_t i = 0; i < lc->num_hidden_layers; i++) { /* a layer slides unless it is a full one */
         const bool full = i < DT_LLAMA_MAX_LAYERS && lc->full_attention_layers[i];
         rt->attn[i] = (attn_ud){.rt = rt, .window = windowed(lc) && !full ? lc->sliding_window : 0,
-                                .local = local && !full};
+                                .local = local && !full, .nope = i < DT_LLAMA_MAX_LAYERS && lc->nope_layers[i]};
     }
     dt_llama_inv_freq(lc, 0, rt->inv_freq);
     if (lr)

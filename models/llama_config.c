@@ -134,6 +134,10 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
     if ((lc->sliding_window > 0 || lc->rope_local_theta > 0.0) && lc->num_hidden_layers > DT_LLAMA_MAX_LAYERS)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: %lld layers with a sliding window or a local RoPE base (at most "
                         "%d)", (long long)lc->num_hidden_layers, DT_LLAMA_MAX_LAYERS);
+    for (int i = 0; i < DT_LLAMA_MAX_LAYERS; i++)
+        if (lc->nope_layers[i] > 1 || (lc->nope_layers[i] && i >= lc->num_hidden_layers))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: nope_layers[%d] is %d: want 0 or 1, and 0 past the %lld "
+                            "layers", i, lc->nope_layers[i], (long long)lc->num_hidden_layers);
     const int64_t rot = lc->rotary_dim ? lc->rotary_dim : lc->head_dim;
     if (rot < 2 || rot % 2 || rot > lc->head_dim)
         return dt_error(DT_ERR_INVALID_ARG, "llama: the rotary width %lld (head_dim times partial_rotary_factor) is "

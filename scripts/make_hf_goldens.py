@@ -52,6 +52,11 @@ with save_pretrained, and what transformers computes on fixed tokens:
                image tokens), as transformers saves it (language_model.model.*,
                vision_tower.*, multi_modal_projector.*); on text its logits are
                gemma3's (checked here)
+  smollm3/     SmolLM3ForCausalLM: the Llama block with NoPE layers (no_rope_layers
+               [1, 0, 1]: the middle one attends without RoPE), rope_theta 2e6
+               (SmolLM3Config's default, not written), GQA 4 over 2, attention
+               biases, tied head, pad_token_id null; smollm3_ref.safetensors as
+               qwen3's
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -82,6 +87,7 @@ with save_pretrained, and what transformers computes on fixed tokens:
 
 Usage: $PEER_PYTHON scripts/make_hf_goldens.py tests/data/hf
 """
+import json
 import os
 import struct
 import sys
@@ -93,7 +99,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM,
-                          Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig)
+                          Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig, SmolLM3Config,
+                          SmolLM3ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -390,4 +397,29 @@ g3m.model.language_model.load_state_dict({k[len("model."):]: v for k, v in gemma
 g3m.save_pretrained(os.path.join(out, "gemma3_mm"))
 with torch.no_grad():
     assert torch.equal(g3m(input_ids=ids[:, :T]).logits, gemma3(ids[:, :T]).logits)
+# SmolLM3 (SmolLM3ForCausalLM): the Llama block, its NoPE layer without RoPE; attention biases drawn away from 0
+# so that they show; its own seed, after everything above
+torch.manual_seed(3003)
+sc = SmolLM3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64, no_rope_layers=[1, 0, 1], attention_bias=True,
+                   initializer_range=0.2,
+                   pad_token_id=None, bos_token_id=1, eos_token_id=2)
+assert sc.rope_parameters["rope_theta"] == 2e6
+smollm3 = SmolLM3ForCausalLM(sc).eval()
+with torch.no_grad():
+    for n, p in smollm3.named_parameters():
+        if n.endswith("proj.bias"):
+            p.uniform_(-0.2, 0.2)
+smollm3.save_pretrained(os.path.join(out, "smollm3"))
+cj = os.path.join(out, "smollm3", "config.json")  # the default rope_theta left to SmolLM3Config, as the Hub's has it
+cfg = json.load(open(cj))
+cfg.pop("rope_parameters", None)
+cfg.pop("rope_theta", None)
+json.dump(cfg, open(cj, "w"), indent=2, sort_keys=True)
+with torch.no_grad():
+    lg = smollm3(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(SmolLM3ForCausalLM, sc, smollm3),
+           "eval": torch.tensor(windows_loss(smollm3, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "smollm3_ref.safetensors"))
 print("wrote", out)

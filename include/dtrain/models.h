@@ -292,6 +292,10 @@ typedef struct dt_llama_config {
                                          below max_window_layers), 0 for one that slides (Mistral's every
                                          layer). At most DT_LLAMA_MAX_LAYERS layers with a window or a local
                                          RoPE base */
+    uint8_t nope_layers[DT_LLAMA_MAX_LAYERS]; /* 1 for a layer whose q and k are not rotated (no
+                                         positional encoding, NoPE: SmolLM3's no_rope_layers 0, every fourth
+                                         layer by default); 0 for one with RoPE (every layer of the others). At
+                                         most DT_LLAMA_MAX_LAYERS layers with a NoPE one */
     double attention_dropout;         /* dropout on the attention's probabilities in training (transformers'
                                          attention_dropout; every query head its own mask, with the window
                                          and the soft cap where the layer has them), in [0, 1); 0: none */
@@ -364,7 +368,8 @@ typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                               "GraniteForCausalLM", "Olmo2ForCausalLM" or "GPT2LMHeadModel";
+                               "GraniteForCausalLM", "Olmo2ForCausalLM", "SmolLM3ForCausalLM" or
+                               "GPT2LMHeadModel";
                                Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
                                as its language model, "Gemma3ForCausalLM", from text_config (its
                                weights: dt_ckpt_open's view of the directory) */

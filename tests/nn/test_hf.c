@@ -172,6 +172,49 @@ TEST(granite_parity) { parity(HF "granite", HF "granite_ref.safetensors", "logit
 /* OLMo 2: norms after attention and MLP, q and k normalized over their whole projections */
 TEST(olmo2_parity) { parity(HF "olmo2", HF "olmo2_ref.safetensors", "logits"); }
 
+/* SmolLM3: the Llama block with a NoPE layer (no_rope_layers [1, 0, 1]: the middle one attends without RoPE), the
+ * config's rope_theta SmolLM3Config's default 2e6 and attention biases. The same weights with every layer rotating
+ * (no_rope_layers [1, 1, 1]) give other logits: the NoPE layer shows. */
+TEST(smollm3_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "smollm3", &h));
+    ASSERT_STR_EQ(h.architecture, "SmolLM3ForCausalLM");
+    ASSERT(!h.llama.nope_layers[0] && h.llama.nope_layers[1] && !h.llama.nope_layers[2]);
+    ASSERT(h.llama.rope_theta == 2e6 && h.llama.tie_word_embeddings && h.llama.attention_bias);
+    parity(HF "smollm3", HF "smollm3_ref.safetensors", "logits");
+    char dir[] = "/tmp/dt_hfnope_XXXXXX", cmd[600];
+    ASSERT(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd, "cp " HF "smollm3/* '%s' && sed -i -z 's/\"no_rope_layers\": \\[\\n    1,\\n    0,/"
+             "\"no_rope_layers\": [1, 1,/' '%s/config.json' && grep -q '\"no_rope_layers\": \\[1, 1,' '%s/config.json'",
+             dir, dir, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_OK(dt_hf_config_read(dir, &h));
+    ASSERT(!h.llama.nope_layers[0] && !h.llama.nope_layers[1] && !h.llama.nope_layers[2]);
+    size_t nid = 0, nl = 0;
+    int64_t *ids = t_read_tensor(HF "smollm3_ref.safetensors", "input_ids", &nid);
+    float *want = t_read_tensor(HF "smollm3_ref.safetensors", "logits", &nl);
+    dt_model_desc d;
+    dt_trainer *tr = NULL;
+    dt_strategy *st = NULL;
+    dt_model *m = load_hf(dir, &d, &tr, &st);
+    ASSERT(ids && want && m && nid == 34);
+    dt_model_train(m, false);
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *loss = NULL, *lg = run(ctx, m, &d, ids, 16, &loss, false);
+    ASSERT(lg && (size_t)dt_tensor_numel(lg) == nl);
+    const double apart = rel_err(lg, want, nl);
+    fprintf(stderr, "  every layer rotating: the logits %.3g of the largest apart\n", apart);
+    ASSERT(apart > 1e-3);
+    dt_ctx_free(ctx);
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    free(ids), free(want);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+}
+
 /* Gemma 2: norms before and after attention and MLP, query_pre_attn_scalar
  * 24, scores soft-capped at 5 and logits at 2 (where tanh bends: with
  * either cap left out the logits differ by 0.98 and 3.9 of the largest), sliding and
@@ -254,6 +297,7 @@ TEST(phi3_adamw_steps) { adamw_steps(HF "phi3", HF "phi3_ref.safetensors", 10, 1
 TEST(phi4_adamw_steps) { adamw_steps(HF "phi4", HF "phi4_ref.safetensors", 10, 1e-5); }
 TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensors", 10, 1e-5); }
 TEST(olmo2_adamw_steps) { adamw_steps(HF "olmo2", HF "olmo2_ref.safetensors", 10, 1e-5); }
+TEST(smollm3_adamw_steps) { adamw_steps(HF "smollm3", HF "smollm3_ref.safetensors", 10, 1e-5); }
 TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors", 10, 1e-5); }
 
 /* Gemma 3: Gemma's norm (1 + w, w drawn in [-0.5, 0.5]) on each head of q and k before RoPE, the sliding layers
@@ -846,6 +890,8 @@ int main(void)
     RUN(granite_adamw_steps);
     RUN(olmo2_parity);
     RUN(olmo2_adamw_steps);
+    RUN(smollm3_parity);
+    RUN(smollm3_adamw_steps);
     RUN(gemma2_parity);
     RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);

@@ -18,7 +18,7 @@
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
 /* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite",
- * "olmo2": the key "eval" of their own _ref file; "gemma3_mm", Gemma 3's image-text model around gemma3's
+ * "olmo2", "smollm3": the key "eval" of their own _ref file; "gemma3_mm", Gemma 3's image-text model around gemma3's
  * weights: gemma3's) */
 static double ref_loss(const char *key)
 {
@@ -29,7 +29,7 @@ static double ref_loss(const char *key)
         key = "gemma3";
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
         !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2") || !strcmp(key, "gemma2") ||
-        !strcmp(key, "gemma3")) {
+        !strcmp(key, "gemma3") || !strcmp(key, "smollm3")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -75,6 +75,7 @@ TEST(eval_json)
     eval_case("phi4", "phi4", "4"); /* partial RoPE, LongRoPE's long factors (16 > 8 positions) */
     eval_case("granite", "granite", "4");
     eval_case("olmo2", "olmo2", "4");
+    eval_case("smollm3", "smollm3", "4"); /* a NoPE layer */
     eval_case("gemma2", "gemma2", "4"); /* soft caps; sliding_window 16 = --seq */
     eval_case("gemma3", "gemma3", "4"); /* sliding_window 8 < --seq; two RoPE bases */
     eval_case("gemma3_mm", "gemma3", "4"); /* its image-text model: the language model's loss */
@@ -489,6 +490,22 @@ TEST(olmo2_save_hf_tp_and_pp)
     save_hf_and_parallel("olmo2", (const char *const[]){"\"olmo2\"", "\"Olmo2ForCausalLM\"", "\"pad_token_id\":\t1",
                                                         NULL},
                          true, true);
+}
+
+/* SmolLM3 (model_type smollm3, SmolLM3ForCausalLM): the export keeps the NoPE layers (no_rope_layers) and
+ * evaluates to the run's own loss; --tp 2 and --pp 2 give one process's losses. */
+TEST(smollm3_save_hf_tp_and_pp)
+{
+    save_hf_and_parallel("smollm3",
+                         (const char *const[]){"\"smollm3\"", "\"SmolLM3ForCausalLM\"",
+                                               "\"no_rope_layers\":\t[1, 0, 1]", "\"rope_theta\":\t2000000",
+                                               "\"pad_token_id\":\tnull", NULL},
+                         true, true);
+    bad_case_of("smollm3", "smollm3_short", "sed -i -z 's/\"no_rope_layers\": \\[\\n    1,/\"no_rope_layers\": [/' "
+                "config.json", "config.json", "\"no_rope_layers\" must be a list of 0 and 1 with an entry for each of "
+                "the 3 layers");
+    bad_case_of("smollm3", "smollm3_entry", "sed -i -z 's/\"no_rope_layers\": \\[\\n    1,/\"no_rope_layers\": "
+                "[\"yes\",/' config.json", "config.json", "\"no_rope_layers\": entry 0 is not a number");
 }
 
 /* Gemma 2 (model_type gemma2, Gemma2ForCausalLM): the export keeps query_pre_attn_scalar, the soft caps (as
@@ -1318,6 +1335,7 @@ int main(void)
     RUN(yarn_save_hf);
     RUN(granite_save_hf_tp_and_pp);
     RUN(olmo2_save_hf_tp_and_pp);
+    RUN(smollm3_save_hf_tp_and_pp);
     RUN(gemma2_save_hf_tp_and_pp);
     RUN(generate_gemma2);
     RUN(gemma3_save_hf_tp_pp_and_cp);
