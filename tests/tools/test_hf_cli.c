@@ -493,7 +493,8 @@ TEST(olmo2_save_hf_tp_and_pp)
 }
 
 /* SmolLM3 (model_type smollm3, SmolLM3ForCausalLM): the export keeps the NoPE layers (no_rope_layers) and
- * evaluates to the run's own loss; --tp 2 and --pp 2 give one process's losses. */
+ * evaluates to the run's own loss; --tp 2, --pp 2 and --cp 2 (the NoPE layer's keys at their global positions
+ * unrotated) give one process's losses. */
 TEST(smollm3_save_hf_tp_and_pp)
 {
     save_hf_and_parallel("smollm3",
@@ -501,6 +502,7 @@ TEST(smollm3_save_hf_tp_and_pp)
                                                "\"no_rope_layers\":\t[1, 0, 1]", "\"rope_theta\":\t2000000",
                                                "\"pad_token_id\":\tnull", NULL},
                          true, true);
+    cp_matches_one("smollm3", "16", "ring");
     bad_case_of("smollm3", "smollm3_short", "sed -i -z 's/\"no_rope_layers\": \\[\\n    1,/\"no_rope_layers\": [/' "
                 "config.json", "config.json", "\"no_rope_layers\" must be a list of 0 and 1 with an entry for each of "
                 "the 3 layers");
