@@ -3,9 +3,8 @@
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
  * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Gemma3ForCausalLM (and the language model of
  * Gemma3ForConditionalGeneration: its text_config), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
- * GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM and GPT2LMHeadModel; every value dtrain does not
- * implement is refused
- * naming the file and the key. hf.c builds the model it describes. */
+ * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM and GPT2LMHeadModel; every value
+ * dtrain does not implement is refused naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
 
@@ -292,14 +291,13 @@ static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
     }
 }
 
-/* Gemma3TextConfig's two kinds of RoPE: the full layers' rope_theta (1e6)
- * with rope_scaling, the sliding layers' rope_local_base_freq (1e4) without;
- * or transformers 5's rope_parameters with one object per layer kind
- * ("full_attention", "sliding_attention"; a missing one takes the top-level
- * keys' values, a legacy rope_scaling still scales the full layers, as
- * Gemma3TextConfig reads them). A flat rope_parameters is refused: Gemma3TextConfig
- * would ignore its rope_theta. */
-static void read_gemma3_rope(cfg_reader *r, dt_llama_config *c)
+/* Two kinds of RoPE, Gemma3TextConfig's and Olmo3Config's: the full layers' rope_theta (Gemma 3's 1e6, OLMo 3's
+ * 5e5) with rope_scaling, the sliding layers' base without scaling (Gemma 3's rope_local_base_freq, 1e4; OLMo 3's
+ * 5e5: Olmo3Config gives the legacy top-level rope_theta to the full layers only); or transformers 5's
+ * rope_parameters with one object per layer kind ("full_attention", "sliding_attention"; a missing one takes the
+ * top-level keys' values, a legacy rope_scaling still scales the full layers, as the configs read them). A flat
+ * rope_parameters is refused: these configs would ignore its rope_theta. */
+static void read_kinds_rope(cfg_reader *r, dt_llama_config *c, bool olmo3)
 {
     const cJSON *rp = item(r->root, "rope_parameters"), *rs = item(r->root, "rope_scaling");
     const cJSON *full = NULL, *slide = NULL;
@@ -308,18 +306,29 @@ static void read_gemma3_rope(cfg_reader *r, dt_llama_config *c)
         if (!cJSON_IsObject(rp) || (!full && !slide) || (full && !cJSON_IsNull(full) && !cJSON_IsObject(full)) ||
             (slide && !cJSON_IsNull(slide) && !cJSON_IsObject(slide))) {
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"rope_parameters\" must be an object of one object per layer "
-                             "kind (\"full_attention\", \"sliding_attention\") for Gemma 3", r->path);
+                             "kind (\"full_attention\", \"sliding_attention\") for %s", r->path,
+                             olmo3 ? "OLMo 3" : "Gemma 3");
             return;
         }
     }
-    c->rope_theta = get_num(r, full, "rope_theta", get_num(r, r->root, "rope_theta", 1e6));
-    c->rope_local_theta = get_num(r, slide, "rope_theta", get_num(r, r->root, "rope_local_base_freq", 1e4));
+    c->rope_theta = get_num(r, full, "rope_theta", get_num(r, r->root, "rope_theta", olmo3 ? 5e5 : 1e6));
+    c->rope_local_theta = get_num(r, slide, "rope_theta",
+                                  olmo3 ? 5e5 : get_num(r, r->root, "rope_local_base_freq", 1e4));
     if (r->st >= 0 && !(c->rope_local_theta > 0.0))
         r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a number > 0", r->path,
                          slide ? "rope_parameters.sliding_attention.rope_theta" : "rope_local_base_freq");
+    static char warned[4200]; /* once per file and process: a run reads its config.json more than once */
+    if (r->st >= 0 && olmo3 && !item(slide, "rope_theta") && c->rope_local_theta != c->rope_theta &&
+        strcmp(warned, r->path)) {
+        snprintf(warned, sizeof warned, "%s", r->path);
+        dt_log(DT_LOG_WARN, "%s: the sliding layers rotate with base %g, Olmo3Config's default, not the full "
+               "layers' rope_theta %g (transformers 5 reads the top-level rope_theta into the full layers' "
+               "parameters only; rope_parameters.sliding_attention.rope_theta sets theirs)", r->path,
+               c->rope_local_theta, c->rope_theta);
+    }
     const char *type = get_str(r, slide, "rope_type", "default");
     if (r->st >= 0 && strcmp(type, "default"))
-        unsupported(r, "rope_parameters.sliding_attention.rope_type", "Gemma 3's sliding layers rotate with the "
+        unsupported(r, "rope_parameters.sliding_attention.rope_type", "the sliding layers rotate with the "
                     "default RoPE only (their base unscaled)");
     if (rs && !cJSON_IsNull(rs))
         read_scaling(r, rs, "rope_scaling", c, false);
@@ -360,7 +369,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const int64_t big = INT32_MAX;
     const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
     const bool gemma = !strcmp(arch, "GemmaForCausalLM"), phi3 = !strcmp(arch, "Phi3ForCausalLM");
-    const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM"), gemma3 = !strcmp(arch, "Gemma3ForCausalLM");
+    const bool olmo3 = !strcmp(arch, "Olmo3ForCausalLM"), gemma3 = !strcmp(arch, "Gemma3ForCausalLM");
+    const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM") || olmo3; /* OLMo 3: OLMo 2's block and sliding layers */
     const bool gemma2 = !strcmp(arch, "Gemma2ForCausalLM") || gemma3; /* Gemma 3: Gemma 2's block and more */
     const bool smollm3 = !strcmp(arch, "SmolLM3ForCausalLM");
     memset(c, 0, sizeof *c);
@@ -405,8 +415,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         else if (r->st >= 0 && (int64_t)w != c->head_dim)
             c->rotary_dim = (int64_t)w; /* int() truncates, as transformers' */
     }
-    if (gemma3)
-        read_gemma3_rope(r, c);
+    if (gemma3 || olmo3)
+        read_kinds_rope(r, c, olmo3);
     else
         read_rope(r, c, phi3);
     c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
@@ -426,7 +436,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: %s's default %lld is outside the "
                              "vocabulary (vocab_size %lld); give it (null for none)", r->path,
                              gemma ? "GemmaConfig" : gemma3 ? "Gemma3TextConfig" : gemma2 ? "Gemma2Config"
-                             : olmo2 ? "Olmo2Config" : smollm3 ? "SmolLM3Config" : "Phi3Config",
+                             : olmo3 ? "Olmo3Config" : olmo2 ? "Olmo2Config" : smollm3 ? "SmolLM3Config"
+                             : "Phi3Config",
                              (long long)c->pad_token_id, (long long)c->vocab_size);
     } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
         c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
@@ -503,14 +514,14 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
        the forward and the cache (llama.c) and Gemma 3's RoPE base, with a window or without. */
     const bool mistral = !strcmp(arch, "MistralForCausalLM");
     const cJSON *swv = item(o, "sliding_window");
-    int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2 || smollm3) || (swv && cJSON_IsNull(swv))
-                     ? 0 : get_int(r, o, "sliding_window", gemma2 ? 4096 : 0, 0, INT64_MAX / 2);
+    int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2 || smollm3 || olmo3) || (swv && cJSON_IsNull(swv))
+                     ? 0 : get_int(r, o, "sliding_window", gemma2 || olmo3 ? 4096 : 0, 0, INT64_MAX / 2);
     const int64_t pattern = gemma3 ? get_int(r, o, "sliding_window_pattern", 6, 1, big) : 0;
     if ((qwen2 || qwen3 || smollm3) && !get_bool(r, o, "use_sliding_window", false))
         sw = 0;
     if (smollm3)
         read_nope(r, c);
-    if (qwen2 || qwen3 || gemma2 || smollm3) {
+    if (qwen2 || qwen3 || gemma2 || smollm3 || olmo3) {
         const cJSON *lt = item(o, "layer_types");
         const int64_t L = c->num_hidden_layers;
         for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next)
@@ -522,13 +533,13 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         if (cJSON_IsArray(lt) && cJSON_GetArraySize(lt) != L && r->st >= 0)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"layer_types\" has %d entries for num_hidden_layers %lld",
                              r->path, cJSON_GetArraySize(lt), (long long)L);
-        const int64_t from = gemma2 || smollm3 ? 0 : get_int(r, o, "max_window_layers", 28, 0, big);
+        const int64_t from = gemma2 || smollm3 || olmo3 ? 0 : get_int(r, o, "max_window_layers", 28, 0, big);
         bool any = false; /* a sliding layer */
         const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL;
         for (int64_t i = 0; i < L && r->st >= 0; i++, e = e ? e->next : NULL) {
             /* the configs' defaults, or the list */
             const bool full = e ? !strcmp(e->valuestring, "full_attention")
-                              : gemma3 ? (i + 1) % pattern == 0 : gemma2 ? i % 2 == 1
+                              : gemma3 ? (i + 1) % pattern == 0 : olmo3 ? (i + 1) % 4 == 0 : gemma2 ? i % 2 == 1
                               : smollm3 ? !sw || i >= DT_LLAMA_MAX_LAYERS || !c->nope_layers[i] : i < from;
             any |= !full;
             if (i < DT_LLAMA_MAX_LAYERS)
@@ -695,7 +706,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                           : !strcmp(mt, "gemma3") ? "Gemma3ForConditionalGeneration"
                           : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
                           : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
-                          : !strcmp(mt, "smollm3") ? "SmolLM3ForCausalLM"
+                          : !strcmp(mt, "smollm3") ? "SmolLM3ForCausalLM" : !strcmp(mt, "olmo3") ? "Olmo3ForCausalLM"
                           : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : NULL;
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = mt_arch ? mt_arch : mt;
@@ -739,7 +750,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                    !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Gemma2ForCausalLM") ||
                    !strcmp(arch, "Gemma3ForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
                    !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM") ||
-                   !strcmp(arch, "SmolLM3ForCausalLM")) {
+                   !strcmp(arch, "SmolLM3ForCausalLM") || !strcmp(arch, "Olmo3ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -747,7 +758,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
-                            "GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM, GPT2LMHeadModel; "
+                            "GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
+                            "GPT2LMHeadModel; "
                             "Gemma3ForConditionalGeneration "
                             "as its language model)", path, arch);
         }

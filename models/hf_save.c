@@ -239,10 +239,12 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3"
                        : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite"
                        : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2"
+                       : !strcmp(h->architecture, "Olmo3ForCausalLM") ? "olmo3"
                        : !strcmp(h->architecture, "SmolLM3ForCausalLM") ? "smollm3" : "llama";
         const bool gemma3 = !strcmp(mt, "gemma3_text"), gemma2 = !strcmp(mt, "gemma2") || gemma3;
         const bool gemma = !strcmp(mt, "gemma") || gemma2;
-        const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite"), olmo2 = !strcmp(mt, "olmo2");
+        const bool olmo3 = !strcmp(mt, "olmo3"), olmo2 = !strcmp(mt, "olmo2") || olmo3;
+        const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
         const bool smollm3 = !strcmp(mt, "smollm3");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
@@ -258,14 +260,27 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
         cJSON_AddNumberToObject(o, "initializer_range", fnum(c->initializer_range));
         cJSON_AddNumberToObject(o, "rms_norm_eps", fnum(c->rms_norm_eps));
-        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        /* OLMo 3: rope_parameters, one object a layer kind (Olmo3Config gives a legacy rope_theta to the full
+           layers only); the others the legacy keys */
+        cJSON *rp = olmo3 ? cJSON_AddObjectToObject(o, "rope_parameters") : NULL;
+        cJSON *rfull = rp ? cJSON_AddObjectToObject(rp, "full_attention") : NULL;
+        cJSON *rslide = rp ? cJSON_AddObjectToObject(rp, "sliding_attention") : NULL;
+        cJSON_AddNumberToObject(rfull ? rfull : o, "rope_theta", c->rope_theta);
         if (gemma3) /* the sliding layers' base (Gemma3TextConfig reads the legacy key into rope_parameters) */
             cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta > 0.0 ? c->rope_local_theta
                                                                                          : c->rope_theta);
+        if (rslide) {
+            cJSON_AddStringToObject(rslide, "rope_type", "default");
+            cJSON_AddNumberToObject(rslide, "rope_theta", c->rope_local_theta > 0.0 ? c->rope_local_theta
+                                                                                     : c->rope_theta);
+        }
         if (c->rope_type == DT_ROPE_DEFAULT) {
-            cJSON_AddNullToObject(o, "rope_scaling");
+            if (rfull)
+                cJSON_AddStringToObject(rfull, "rope_type", "default");
+            else
+                cJSON_AddNullToObject(o, "rope_scaling");
         } else {
-            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+            cJSON *rs = rfull ? rfull : cJSON_AddObjectToObject(o, "rope_scaling");
             if (rs && c->rope_type == DT_ROPE_LONGROPE) { /* the factors as their f32 values read back; the resolved attention factor */
                 const int64_t half = (c->rotary_dim ? c->rotary_dim : c->head_dim) / 2;
                 cJSON_AddStringToObject(rs, "rope_type", "longrope");
@@ -313,18 +328,19 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
             }
         }
         /* layers of two kinds */
-        const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2 || smollm3;
+        const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2 || smollm3 || olmo3;
         if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || smollm3)
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
-        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3)
+        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3 || olmo3)
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON *nr = smollm3 ? cJSON_AddArrayToObject(o, "no_rope_layers") : NULL; /* 1: RoPE, 0: NoPE */
         for (int64_t i = 0; nr && i < c->num_hidden_layers; i++)
             cJSON_AddItemToArray(nr, cJSON_CreateNumber(i < DT_LLAMA_MAX_LAYERS && c->nope_layers[i] ? 0 : 1));
-        /* Gemma 3's kinds also choose each layer's RoPE base, with a window or without */
-        cJSON *lt = kinds && (c->sliding_window > 0 || gemma3) ? cJSON_AddArrayToObject(o, "layer_types") : NULL;
+        /* Gemma 3's and OLMo 3's kinds also choose each layer's RoPE base, with a window or without */
+        cJSON *lt = kinds && (c->sliding_window > 0 || gemma3 || olmo3) ? cJSON_AddArrayToObject(o, "layer_types")
+                                                                           : NULL;
         for (int64_t i = 0; lt && i < c->num_hidden_layers && i < DT_LLAMA_MAX_LAYERS; i++)
             cJSON_AddItemToArray(lt, cJSON_CreateString(c->full_attention_layers[i] ? "full_attention"
                                                                                     : "sliding_attention"));
@@ -352,7 +368,8 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
         else if (gemma || phi3 || olmo2 || smollm3) /* Gemma(2)Config's default is 0, Phi3Config's 32000,
-                                                        Olmo2Config's 1, SmolLM3Config's 128004 */
+                                                        Olmo2Config's and Olmo3Config's 1, SmolLM3Config's
+                                                        128004 */
             cJSON_AddNullToObject(o, "pad_token_id");
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);

@@ -57,6 +57,12 @@ with save_pretrained, and what transformers computes on fixed tokens:
                (SmolLM3Config's default, not written), GQA 4 over 2, attention
                biases, tied head, pad_token_id null; smollm3_ref.safetensors as
                qwen3's
+  olmo3/       Olmo3ForCausalLM: OLMo 2's block with 4 layers (sliding, sliding,
+               sliding, full) and sliding_window 8 (so T = 16 slides), the
+               full layer rotating with rope_theta 10000 under linear scaling
+               (factor 4), the sliding ones with 100 (rope_parameters, one
+               object a kind), every norm weight drawn in [0.5, 1.5], GQA 4
+               over 2, untied head; olmo3_ref.safetensors as qwen3's
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -100,7 +106,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM,
                           Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig, SmolLM3Config,
-                          SmolLM3ForCausalLM)
+                          SmolLM3ForCausalLM, Olmo3Config, Olmo3ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -422,4 +428,25 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(SmolLM3ForCausalLM, sc, smollm3),
            "eval": torch.tensor(windows_loss(smollm3, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "smollm3_ref.safetensors"))
+# OLMo 3 (Olmo3ForCausalLM): OLMo 2's block with sliding layers, each kind of layer its RoPE (the full one's scaled);
+# every norm's weight drawn away from 1; its own seed, after everything above
+torch.manual_seed(3113)
+o3c = Olmo3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, sliding_window=8, initializer_range=0.1,
+                  rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
+                  bos_token_id=None, eos_token_id=2)
+assert o3c.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+olmo3 = Olmo3ForCausalLM(o3c).eval()
+with torch.no_grad():
+    for n, p in olmo3.named_parameters():
+        if n.endswith("norm.weight"):
+            p.uniform_(0.5, 1.5)
+olmo3.save_pretrained(os.path.join(out, "olmo3"))
+with torch.no_grad():
+    lg = olmo3(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(Olmo3ForCausalLM, o3c, olmo3),
+           "eval": torch.tensor(windows_loss(olmo3, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "olmo3_ref.safetensors"))
 print("wrote", out)

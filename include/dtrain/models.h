@@ -251,8 +251,8 @@ typedef struct dt_llama_config {
     bool qk_norm;                     /* Qwen3: RMSNorm over each head's hd of q and of k (self_attn.q_norm,
                                          k_norm, weights [hd]) after their projections, before RoPE (with gemma:
                                          Gemma's (1 + weight) norms, Gemma 3) */
-    bool olmo2;                       /* OLMo 2 (Olmo2ForCausalLM): no norm before attention and MLP; their
-                                         outputs normalized (post_attention_layernorm,
+    bool olmo2;                       /* OLMo 2 and 3 (Olmo2ForCausalLM, Olmo3ForCausalLM): no norm before
+                                         attention and MLP; their outputs normalized (post_attention_layernorm,
                                          post_feedforward_layernorm) before the residual add; q and k
                                          RMS-normalized over their whole projections (self_attn.q_norm [H hd],
                                          k_norm [KV hd]) before RoPE; under tensor parallelism each
@@ -368,8 +368,8 @@ typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                               "GraniteForCausalLM", "Olmo2ForCausalLM", "SmolLM3ForCausalLM" or
-                               "GPT2LMHeadModel";
+                               "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
+                               "SmolLM3ForCausalLM" or "GPT2LMHeadModel";
                                Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
                                as its language model, "Gemma3ForCausalLM", from text_config (its
                                weights: dt_ckpt_open's view of the directory) */

@@ -172,6 +172,29 @@ TEST(granite_parity) { parity(HF "granite", HF "granite_ref.safetensors", "logit
 /* OLMo 2: norms after attention and MLP, q and k normalized over their whole projections */
 TEST(olmo2_parity) { parity(HF "olmo2", HF "olmo2_ref.safetensors", "logits"); }
 
+/* OLMo 3: OLMo 2's block with three sliding layers (window 8 at 16 tokens) and a full one, each kind its RoPE (the
+ * full layer's base 10000 under linear scaling, the sliding ones' 100). A legacy top-level rope_theta goes to the
+ * full layers only, as Olmo3Config reads it (the sliding ones keep its default 5e5). */
+TEST(olmo3_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "olmo3", &h));
+    ASSERT(h.llama.olmo2 && h.llama.sliding_window == 8 && h.llama.rope_theta == 1e4 &&
+           h.llama.rope_local_theta == 100 && h.llama.rope_type == DT_ROPE_LINEAR);
+    ASSERT(!h.llama.full_attention_layers[0] && !h.llama.full_attention_layers[2] && h.llama.full_attention_layers[3]);
+    parity(HF "olmo3", HF "olmo3_ref.safetensors", "logits");
+    char dir[] = "/tmp/dt_hfolmo3_XXXXXX", cmd[600];
+    ASSERT(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd, "cp " HF "olmo3/* '%s' && sed -i -z 's/\"rope_parameters\": {[^}]*}[^}]*}[^}]*}/"
+             "\"rope_theta\": 1000.0/' '%s/config.json' && grep -q '\"rope_theta\": 1000.0,' '%s/config.json'", dir,
+             dir, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_OK(dt_hf_config_read(dir, &h));
+    ASSERT(h.llama.rope_theta == 1000 && h.llama.rope_local_theta == 5e5 && h.llama.rope_type == DT_ROPE_DEFAULT);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+}
+
 /* SmolLM3: the Llama block with a NoPE layer (no_rope_layers [1, 0, 1]: the middle one attends without RoPE), the
  * config's rope_theta SmolLM3Config's default 2e6 and attention biases. The same weights with every layer rotating
  * (no_rope_layers [1, 1, 1]) give other logits: the NoPE layer shows. */
@@ -298,6 +321,7 @@ TEST(phi4_adamw_steps) { adamw_steps(HF "phi4", HF "phi4_ref.safetensors", 10, 1
 TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensors", 10, 1e-5); }
 TEST(olmo2_adamw_steps) { adamw_steps(HF "olmo2", HF "olmo2_ref.safetensors", 10, 1e-5); }
 TEST(smollm3_adamw_steps) { adamw_steps(HF "smollm3", HF "smollm3_ref.safetensors", 10, 1e-5); }
+TEST(olmo3_adamw_steps) { adamw_steps(HF "olmo3", HF "olmo3_ref.safetensors", 10, 1e-5); }
 TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors", 10, 1e-5); }
 
 /* Gemma 3: Gemma's norm (1 + w, w drawn in [-0.5, 0.5]) on each head of q and k before RoPE, the sliding layers
@@ -892,6 +916,8 @@ int main(void)
     RUN(olmo2_adamw_steps);
     RUN(smollm3_parity);
     RUN(smollm3_adamw_steps);
+    RUN(olmo3_parity);
+    RUN(olmo3_adamw_steps);
     RUN(gemma2_parity);
     RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);
