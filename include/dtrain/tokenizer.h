@@ -22,8 +22,12 @@
  *   3. the pre-tokenizer: ByteLevel (its GPT-2 regex when use_regex,
  *      add_prefix_space on every piece that does not start with a space,
  *      then every UTF-8 byte becomes one of GPT-2's 256 byte characters),
- *      Split (a Regex or String pattern, any behavior, invert) and Sequence
- *      of them. Regex patterns run on a built-in engine with Oniguruma's
+ *      Split (a Regex or String pattern, any behavior, invert), Metaspace
+ *      (SentencePiece's: every space the replacement "\u2581", one put
+ *      before a piece as prepend_scheme says: always, first (only before
+ *      the piece that starts the text, none after an added token) or
+ *      never; with split, cut before each replacement; Mistral v0.3) and
+ *      Sequence of them. Regex patterns run on a built-in engine with Oniguruma's
  *      semantics for what tokenizer files use (Unicode general categories
  *      \p{L} \p{N} ..., \s, lookahead, (?i:...), counted repeats); a
  *      pattern with anything else is refused when the file is read.
@@ -38,16 +42,18 @@
  * Decoding maps ids to their tokens (added tokens first), drops special
  * tokens when asked, and applies the decoder: ByteLevel (characters back to
  * bytes), none (tokens joined by spaces), or a Sequence of Replace (String
- * pattern), ByteFallback (<0xXX> tokens to their bytes), Fuse and Strip
- * (Llama-2's). It returns the bytes exactly;
+ * pattern), ByteFallback (<0xXX> tokens to their bytes), Fuse, Strip
+ * (Llama-2's) and Metaspace (the replacement back to spaces, those of the
+ * first token dropped unless prepend_scheme is never). It returns the
+ * bytes exactly;
  * the library then replaces invalid UTF-8 by U+FFFD (only arbitrary id runs
  * produce it: decode(encode(s)) == s for every valid s without
  * add_prefix_space).
  *
  * Not read (an error naming the key when present and not null): other
  * models (WordPiece, Unigram, WordLevel), other normalizers (Precompiled,
- * BertNormalizer, StripAccents, ...), pre-tokenizers (Metaspace,
- * Whitespace, ...) and decoders, BPE dropout above 0 (random). "truncation" and "padding"
+ * BertNormalizer, StripAccents, ...), pre-tokenizers (Whitespace,
+ * BertPreTokenizer, ...) and decoders, BPE dropout above 0 (random). "truncation" and "padding"
  * are ignored: they shape batches of model inputs, not a corpus.
  *
  * Text must be valid UTF-8 (what Python's str holds): anything else is

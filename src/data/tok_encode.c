@@ -249,7 +249,9 @@ static dt_status model_encode(enc *e, const unsigned char *w, size_t n)
 
 /* ---- pre-tokenizers ---------------------------------------------------------------------------- */
 
-static dt_status pretok(enc *e, int k, const unsigned char *s, size_t n);
+/* Pre-tokenizer k and those after it over the piece s[0, n); at0: the piece starts where the text does (its
+ * offset in the original 0: Metaspace's prepend_scheme "first"). */
+static dt_status pretok(enc *e, int k, const unsigned char *s, size_t n, bool at0);
 
 static dt_status add_span(enc *e, int k, size_t a, size_t b, bool match)
 {
@@ -356,7 +358,7 @@ static size_t apply_behavior(enc *e, int k, int behavior, bool invert)
 }
 
 /* The ByteLevel mapping of s[0, n) into buf[k][1], then the next step. */
-static dt_status bytelevel_next(enc *e, int k, const unsigned char *s, size_t n)
+static dt_status bytelevel_next(enc *e, int k, const unsigned char *s, size_t n, bool at0)
 {
     if (grow((void **)&e->buf[k][1], &e->bufcap[k][1], 2 * n + 1, 1) < 0)
         return DT_ERR_NO_MEMORY;
@@ -364,10 +366,44 @@ static dt_status bytelevel_next(enc *e, int k, const unsigned char *s, size_t n)
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
         m += dt__utf8_put(dt__tok_byte_char(s[i]), o + m);
-    return pretok(e, k + 1, o, m);
+    return pretok(e, k + 1, o, m, at0);
 }
 
-static dt_status pretok(enc *e, int k, const unsigned char *s, size_t n)
+/* Metaspace: s[0, n) with every space the replacement, one more before it where the scheme asks and it does not
+ * start with one already, into buf[k][0]; then, with split, cut before each replacement. */
+static dt_status metaspace(enc *e, int k, const tok_pretok *p, const unsigned char *s, size_t n, bool at0)
+{
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++)
+        spaces += s[i] == ' ';
+    const size_t rl = p->literal_len;
+    if (grow((void **)&e->buf[k][0], &e->bufcap[k][0], n + spaces * rl + rl + 1, 1) < 0)
+        return DT_ERR_NO_MEMORY;
+    unsigned char *o = e->buf[k][0];
+    const bool pre = (p->prepend == MS_ALWAYS || (p->prepend == MS_FIRST && at0)) && s[0] != ' ' &&
+                     (n < rl || memcmp(s, p->literal, rl));
+    size_t m = 0;
+    if (pre) {
+        memcpy(o, p->literal, rl);
+        m = rl;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ' ') {
+            memcpy(o + m, p->literal, rl);
+            m += rl;
+        } else {
+            o[m++] = s[i];
+        }
+    if (!p->split)
+        return pretok(e, k + 1, o, m, at0);
+    dt_status st = find_matches(e, k, p, o, m);
+    size_t np = st < 0 ? 0 : apply_behavior(e, k, p->behavior, false);
+    for (size_t i = 0; st >= 0 && i < np; i++)
+        st = pretok(e, k + 1, o + e->spans[k][i].a, e->spans[k][i].b - e->spans[k][i].a, at0 && !e->spans[k][i].a);
+    return st;
+}
+
+static dt_status pretok(enc *e, int k, const unsigned char *s, size_t n, bool at0)
 {
     if (n == 0)
         return DT_OK; /* empty pieces are dropped */
@@ -375,6 +411,8 @@ static dt_status pretok(enc *e, int k, const unsigned char *s, size_t n)
         return model_encode(e, s, n);
     const tok_pretok *p = &e->t->pretok[k];
     dt_status st;
+    if (p->kind == PT_METASPACE)
+        return metaspace(e, k, p, s, n, at0);
     if (p->kind == PT_BYTELEVEL) {
         if (p->add_prefix_space && s[0] != ' ') {
             if (grow((void **)&e->buf[k][0], &e->bufcap[k][0], n + 2, 1) < 0)
@@ -385,11 +423,12 @@ static dt_status pretok(enc *e, int k, const unsigned char *s, size_t n)
             n++;
         }
         if (!p->re)
-            return bytelevel_next(e, k, s, n);
+            return bytelevel_next(e, k, s, n, at0);
         if ((st = find_matches(e, k, p, s, n)) < 0)
             return st;
         for (size_t i = 0; i < e->nspan[k]; i++)
-            if ((st = bytelevel_next(e, k, s + e->spans[k][i].a, e->spans[k][i].b - e->spans[k][i].a)) < 0)
+            if ((st = bytelevel_next(e, k, s + e->spans[k][i].a, e->spans[k][i].b - e->spans[k][i].a,
+                                     at0 && !e->spans[k][i].a)) < 0)
                 return st;
         return DT_OK;
     }
@@ -397,7 +436,8 @@ static dt_status pretok(enc *e, int k, const unsigned char *s, size_t n)
         return st;
     size_t np = apply_behavior(e, k, p->behavior, p->invert);
     for (size_t i = 0; i < np; i++)
-        if ((st = pretok(e, k + 1, s + e->spans[k][i].a, e->spans[k][i].b - e->spans[k][i].a)) < 0)
+        if ((st = pretok(e, k + 1, s + e->spans[k][i].a, e->spans[k][i].b - e->spans[k][i].a,
+                         at0 && !e->spans[k][i].a)) < 0)
             return st;
     return DT_OK;
 }
@@ -434,7 +474,9 @@ static bool find_added(const dt_tokenizer *t, const tok_addset *set, const unsig
     return false;
 }
 
-static dt_status split_added(enc *e, int level, const unsigned char *s, size_t n)
+/* The added tokens of level 0 (raw) or 1 (normalized) in s[0, n), the pieces between them on to the next level;
+ * at0: s starts where the text does. */
+static dt_status split_added(enc *e, int level, const unsigned char *s, size_t n, bool at0)
 {
     const dt_tokenizer *t = e->t;
     const tok_addset *set = level == 0 ? &t->raw_set : &t->norm_set;
@@ -475,8 +517,8 @@ static dt_status split_added(enc *e, int level, const unsigned char *s, size_t n
                 stop += l;
         }
         if (start_offset < start) {
-            st = level == 0 ? split_added(e, 1, s + start_offset, start - start_offset)
-                            : pretok(e, 0, s + start_offset, start - start_offset);
+            st = level == 0 ? split_added(e, 1, s + start_offset, start - start_offset, at0 && !start_offset)
+                            : pretok(e, 0, s + start_offset, start - start_offset, at0 && !start_offset);
             if (st < 0)
                 return st;
         }
@@ -485,8 +527,8 @@ static dt_status split_added(enc *e, int level, const unsigned char *s, size_t n
         start_offset = stop;
     }
     if (start_offset < n)
-        return level == 0 ? split_added(e, 1, s + start_offset, n - start_offset)
-                          : pretok(e, 0, s + start_offset, n - start_offset);
+        return level == 0 ? split_added(e, 1, s + start_offset, n - start_offset, at0 && !start_offset)
+                          : pretok(e, 0, s + start_offset, n - start_offset, at0 && !start_offset);
     return DT_OK;
 }
 
@@ -505,7 +547,7 @@ dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, size_t n,
     for (uint32_t i = 0; add_special && st == DT_OK && i < t->npre; i++)
         st = put_id(&e, t->pre_ids[i]);
     if (st == DT_OK)
-        st = split_added(&e, 0, text, n);
+        st = split_added(&e, 0, text, n, true);
     for (uint32_t i = 0; add_special && st == DT_OK && i < t->npost; i++)
         st = put_id(&e, t->post_ids[i]);
     dt__re_scratch_free(&e.re);

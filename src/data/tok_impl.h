@@ -37,7 +37,8 @@ typedef struct tok_addset {
     uint32_t n;
 } tok_addset;
 
-enum { PT_BYTELEVEL, PT_SPLIT };
+enum { PT_BYTELEVEL, PT_SPLIT, PT_METASPACE };
+enum { MS_ALWAYS, MS_FIRST, MS_NEVER }; /* Metaspace's prepend_scheme */
 enum { SB_REMOVED, SB_ISOLATED, SB_MERGED_PREV, SB_MERGED_NEXT, SB_CONTIGUOUS };
 
 typedef struct tok_pretok {
@@ -48,6 +49,10 @@ typedef struct tok_pretok {
     size_t literal_len;
     int behavior;          /* Split */
     bool invert;           /* Split */
+    int prepend;           /* Metaspace: MS_ALWAYS, MS_FIRST (only a piece at the text's start), MS_NEVER; its
+                              replacement is literal, and with split the pieces are cut before each one
+                              (behavior SB_MERGED_NEXT) */
+    bool split;            /* Metaspace */
 } tok_pretok;
 
 #define TOK_MAX_PRETOK 8
@@ -56,14 +61,15 @@ typedef struct tok_pretok {
 
 /* Decoder steps (tokenizers' decoders/): each maps the list of token
  * strings to another. */
-enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP };
+enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE };
 
 typedef struct tok_dec {
     int kind;
     char *from, *to;  /* Replace: a String pattern and its replacement */
     size_t from_len, to_len;
-    uint32_t strip_cp; /* Strip: the character, how many from the start and the end */
+    uint32_t strip_cp; /* Strip: the character, how many from the start and the end; Metaspace: the replacement */
     int strip_start, strip_stop;
+    bool ms_first;     /* Metaspace: its prepend_scheme is not "never" (the first token's replacements dropped) */
 } tok_dec;
 
 struct dt_tokenizer {

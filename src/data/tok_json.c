@@ -618,8 +618,34 @@ static dt_status add_pretok(rd *r, const cJSON *v, const char *key)
             return dt_error(DT_ERR_NO_MEMORY, "tokenizer.json %s: out of memory", r->name);
         return DT_OK;
     }
+    if (!strcmp(type, "Metaspace")) { /* SentencePiece's: spaces as the replacement, one before a piece */
+        const char *rep = "\u2581", *scheme;
+        const cJSON *rv = get(v, "replacement");
+        size_t l;
+        if (rv && (!(rep = cJSON_GetStringValue(rv)) || !*rep || !dt__utf8_valid((const unsigned char *)rep,
+                                                                                  strlen(rep), &l) ||
+                   (dt__utf8_next((const unsigned char *)rep, strlen(rep), 0, &l), l != strlen(rep))))
+            return kerr(r, DT_ERR_FORMAT, key, "a Metaspace's \"replacement\" must be one character");
+        bool aps;
+        if ((st = opt_str(r, v, "prepend_scheme", key, &scheme)) < 0 ||
+            (st = opt_bool(r, v, "add_prefix_space", key, true, &aps)) < 0 ||
+            (st = opt_bool(r, v, "split", key, true, &p->split)) < 0)
+            return st;
+        /* without prepend_scheme, the older add_prefix_space: always or never */
+        p->prepend = !scheme ? (aps ? MS_ALWAYS : MS_NEVER) : !strcmp(scheme, "always") ? MS_ALWAYS
+                     : !strcmp(scheme, "first") ? MS_FIRST : !strcmp(scheme, "never") ? MS_NEVER : -1;
+        if (p->prepend < 0)
+            return kerr(r, DT_ERR_FORMAT, key, "a Metaspace's \"prepend_scheme\" must be always, first or never");
+        p->kind = PT_METASPACE;
+        p->behavior = SB_MERGED_NEXT;
+        t->npretok++; /* owned from here: freed with the tokenizer */
+        p->literal_len = strlen(rep);
+        if (!(p->literal = strdup(rep)))
+            return dt_error(DT_ERR_NO_MEMORY, "tokenizer.json %s: out of memory", r->name);
+        return DT_OK;
+    }
     return kerr(r, DT_ERR_UNSUPPORTED, key,
-                "pre-tokenizer \"%.64s\" is not supported (ByteLevel, Split and Sequence are)", type);
+                "pre-tokenizer \"%.64s\" is not supported (ByteLevel, Split, Metaspace and Sequence are)", type);
 }
 
 static dt_status push_ids(rd *r, uint32_t **arr, uint32_t *n, const uint32_t *ids, uint32_t k, bool front)

@@ -185,9 +185,26 @@ static dt_status add_dec(dt_tokenizer *t, const char *name, const cJSON *v, cons
             return st;
         return dup_str(name, content, &d->to, &d->to_len);
     }
+    if (!strcmp(type, "Metaspace")) { /* the replacement back to spaces, the first token's dropped */
+        const cJSON *rv = get(v, "replacement"), *ps = get(v, "prepend_scheme"), *aps = get(v, "add_prefix_space");
+        const char *rep = rv ? cJSON_GetStringValue(rv) : "\u2581", *scheme = cJSON_GetStringValue(ps);
+        size_t l;
+        if (!rep || !*rep || !dt__utf8_valid((const unsigned char *)rep, strlen(rep), &l) ||
+            (dt__utf8_next((const unsigned char *)rep, strlen(rep), 0, &l), l != strlen(rep)))
+            return kerr(name, DT_ERR_FORMAT, key, "a Metaspace's \"replacement\" must be one character");
+        if ((ps && (!scheme || (strcmp(scheme, "always") && strcmp(scheme, "first") && strcmp(scheme, "never")))) ||
+            (aps && !cJSON_IsBool(aps)))
+            return kerr(name, DT_ERR_FORMAT, key, "a Metaspace's \"prepend_scheme\" must be always, first or never "
+                        "(or the older \"add_prefix_space\" true or false)");
+        d->kind = DEC_METASPACE;
+        d->strip_cp = dt__utf8_next((const unsigned char *)rep, strlen(rep), 0, &l);
+        d->ms_first = scheme ? strcmp(scheme, "never") != 0 : !aps || cJSON_IsTrue(aps);
+        t->ndec++;
+        return DT_OK;
+    }
     return kerr(name, DT_ERR_UNSUPPORTED, key,
-                "decoder \"%.64s\" is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip and Sequence are)",
-                type);
+                "decoder \"%.64s\" is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace and "
+                "Sequence are)", type);
 }
 
 dt_status dt__tok_read_decoder(dt_tokenizer *t, const char *name, const void *root)
@@ -321,6 +338,18 @@ static dt_status dec_step(const tok_dec *d, const toklist *in, toklist *out)
                 b = j;
             }
             st = tl_add(out, s + a, b - a, false);
+            break;
+        }
+        case DEC_METASPACE: { /* each replacement a space; in the first token none (prepend_scheme not never) */
+            size_t l;
+            st = tl_add(out, "", 0, false);
+            for (size_t k = 0; k < n && st == DT_OK; k += l) {
+                const bool rep = dt__utf8_next(s, n, k, &l) == d->strip_cp;
+                if (!rep)
+                    st = tl_add(out, s + k, l, true);
+                else if (i > 0 || !d->ms_first)
+                    st = tl_add(out, " ", 1, true);
+            }
             break;
         }
         case DEC_BYTELEVEL: { /* every character one of GPT-2's byte characters: their bytes; else the token */

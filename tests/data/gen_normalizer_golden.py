@@ -26,6 +26,12 @@ gen_tokenizer_golden.py's):
                <start_of_turn> and <end_of_turn> (as Gemma's; the texts hold
                none), decoder Sequence[Replace "▁" -> " ", ByteFallback,
                Fuse] (no Strip), TemplateProcessing "<bos> $A"
+  mistral3.json  Mistral v0.3 style: no normalizer, pre-tokenizer Metaspace("▁",
+               prepend_scheme "first": a piece after an added token gets
+               no "▁", split false), BPE with byte_fallback as llama2's
+               (ids 0-2 <unk> <s> </s>, 3-258 the bytes), llama2's decoder
+  metaspace.json  the same with Metaspace(prepend_scheme "always", split true)
+               and the decoder Sequence[ByteFallback, Fuse, Metaspace]
   NAME.TEXT.ids      the library's ids, encode(text, add_special_tokens=False)
   NAME.TEXT.dec      the library's decode of those ids (the normalized text,
                      for llama2 with the byte-fallback runs made of valid UTF-8)
@@ -134,7 +140,49 @@ def gemma(text):
     return tok
 
 
-MAKERS = (("qwen2", qwen2), ("nfkc", nfkc), ("nfd", nfd), ("llama2", llama2), ("gemma", gemma))
+def metaspace_bpe(text, pre, dec):
+    """SentencePiece-style BPE (byte_fallback, <unk> <s> </s> then the 256 byte tokens) under a Metaspace
+    pre-tokenizer pre, with decoder dec"""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre
+    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60,
+                             show_progress=False)
+    tok.train_from_iterator(text.splitlines(), trainer=tr)
+    j = json.loads(tok.to_str())
+    old = j["model"]["vocab"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for t, _ in sorted(old.items(), key=lambda kv: kv[1]):
+        if t not in vocab:
+            vocab[t] = len(vocab)
+    j["model"]["vocab"] = vocab
+    j["added_tokens"] = [{"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>")]
+    j["decoder"] = dec
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tok
+
+
+def mistral3(text):
+    return metaspace_bpe(text, pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
+                         {"type": "Sequence", "decoders": [
+                             {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                             {"type": "ByteFallback"}, {"type": "Fuse"},
+                             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})
+
+
+def metaspace(text):
+    return metaspace_bpe(text, pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
+                         {"type": "Sequence", "decoders": [
+                             {"type": "ByteFallback"}, {"type": "Fuse"},
+                             {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                              "split": True}]})
+
+
+MAKERS = (("qwen2", qwen2), ("nfkc", nfkc), ("nfd", nfd), ("llama2", llama2), ("gemma", gemma),
+          ("mistral3", mistral3), ("metaspace", metaspace))
 
 
 def main(only):

@@ -137,8 +137,8 @@ static int check_norm_golden(const char *name, const char *text)
 
 TEST(normalizers_golden)
 {
-    static const char *names[] = {"qwen2", "nfkc", "nfd", "llama2", "gemma"};
-    for (int i = 0; i < 5; i++) {
+    static const char *names[] = {"qwen2", "nfkc", "nfd", "llama2", "gemma", "mistral3", "metaspace"};
+    for (int i = 0; i < 7; i++) {
         ASSERT_EQ_INT(check_norm_golden(names[i], "bible"), 0);
         ASSERT_EQ_INT(check_norm_golden(names[i], "unicode"), 0);
     }
@@ -412,6 +412,15 @@ TEST(bad_files)
          "pre_tokenizer.pattern.Regex", DT_ERR_UNSUPPORTED},
         {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"decoder\":{\"type\":\"WordPiece\"},", "decoder",
          DT_ERR_UNSUPPORTED},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}",
+         "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"ab\"},", "pre_tokenizer", DT_ERR_FORMAT},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}",
+         "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"prepend_scheme\":\"sometimes\"},", "pre_tokenizer",
+         DT_ERR_FORMAT},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}",
+         "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"add_prefix_space\":false,\"split\":false},", NULL, DT_OK},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"decoder\":{\"type\":\"Metaspace\",\"prepend_scheme\":7},",
+         "decoder", DT_ERR_FORMAT},
         {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"added_tokens\":[{\"content\":\"x\"}],", "added_tokens[0]",
          DT_ERR_FORMAT},
     };
