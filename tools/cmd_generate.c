@@ -65,7 +65,12 @@ static void usage(FILE *f)
                "                        (the text stops where its content does: no end of turn, no\n"
                "                        generation prompt; apply_chat_template(continue_final_message=\n"
                "                        True)); auto (default), as a transformers pipeline: on when the\n"
-               "                        final message is the assistant's\n");
+               "                        final message is the assistant's\n"
+               "  --chat-template-kwargs JSON   with --chat on or --messages: a JSON object of the\n"
+               "                        template's further variables, as apply_chat_template's keyword\n"
+               "                        arguments (e.g. '{\"enable_thinking\": false}' for Qwen3)\n"
+               "  --tools FILE          with --chat on or --messages: a JSON list of tool (function)\n"
+               "                        schemas, as apply_chat_template(tools=...)\n");
     fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1); the sampling options below (--top-h to\n"
                "                        --eta-cutoff, --sample-seed) are refused then, as they would be\n"
@@ -309,11 +314,47 @@ static int parse_eos(const char *v, dt_generate_params *gp)
     }
 }
 
+/* The template's keyword arguments: the JSON object kwargs (NULL: none) with "tools" the JSON list of file tools
+ * (NULL: none), as text (*out malloc'd; NULL when neither is given). Bad input: an error naming the option. */
+static dt_status chat_kwargs(const char *kwargs, const char *tools, char **out)
+{
+    *out = NULL;
+    if (!kwargs && !tools)
+        return DT_OK;
+    cJSON *o = kwargs ? cJSON_Parse(kwargs) : cJSON_CreateObject(), *tl = NULL;
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return dt_error(DT_ERR_INVALID_ARG, "--chat-template-kwargs: want a JSON object ('{\"enable_thinking\": "
+                        "false}'), not %.80s", kwargs);
+    }
+    char *js = NULL;
+    size_t n = 0;
+    dt_status st = tools ? dt_file_read_all(tools, (size_t)16 << 20, &js, &n) : DT_OK;
+    if (st >= 0 && tools && !cJSON_IsArray(tl = cJSON_ParseWithLength(js, n)))
+        st = dt_error(DT_ERR_INVALID_ARG, "--tools %s: want a JSON list of tool schemas ([{\"type\": \"function\", "
+                      "\"function\": {...}}, ...])", tools);
+    else if (st < 0)
+        st = dt_error(st, "--tools %s: %s", tools, dt_last_error());
+    if (st >= 0 && tl) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "tools");
+        if (cJSON_AddItemToObject(o, "tools", tl))
+            tl = NULL;
+        else
+            st = dt_error(DT_ERR_NO_MEMORY, "--tools: out of memory");
+    }
+    if (st >= 0 && !(*out = cJSON_PrintUnformatted(o)))
+        st = dt_error(DT_ERR_NO_MEMORY, "--chat-template-kwargs: out of memory");
+    cJSON_Delete(tl);
+    cJSON_Delete(o);
+    free(js);
+    return st;
+}
+
 /* --chat: [system,] user's prompt through t's chat template, with the generation prompt; or the conversation of
  * JSON file messages (--messages), its final message continued where cont says (1 on, 0 off, -1 auto: an
- * assistant's). */
+ * assistant's); kw: the template's keyword arguments (chat_kwargs; NULL: none). */
 static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const char *prompt, const char *messages,
-                             int cont, char **text, size_t *len)
+                             int cont, const char *kw, char **text, size_t *len)
 {
     if (messages) {
         char *js = NULL;
@@ -327,8 +368,8 @@ static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const ch
             cJSON_Delete(c);
         }
         if (st >= 0)
-            st = dt_tokenizer_render_chat(t, js, n, cont ? DT_CHAT_CONTINUE : DT_CHAT_GENERATION_PROMPT, NULL, 0,
-                                          text, len);
+            st = dt_tokenizer_render_chat(t, js, n, cont ? DT_CHAT_CONTINUE : DT_CHAT_GENERATION_PROMPT, kw,
+                                          kw ? strlen(kw) : 0, text, len);
         free(js);
         return st < 0 ? dt_error(st, "--messages %s: %s", messages, dt_last_error()) : st;
     }
@@ -344,7 +385,8 @@ static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const ch
     cJSON_Delete(c);
     if (!js)
         return dt_error(DT_ERR_NO_MEMORY, "--chat: out of memory");
-    dt_status st = dt_tokenizer_render_chat(t, js, strlen(js), DT_CHAT_GENERATION_PROMPT, NULL, 0, text, len);
+    dt_status st = dt_tokenizer_render_chat(t, js, strlen(js), DT_CHAT_GENERATION_PROMPT, kw, kw ? strlen(kw) : 0,
+                                            text, len);
     cJSON_free(js);
     return st < 0 ? dt_error(st, "--chat: %s", dt_last_error()) : st;
 }
@@ -352,7 +394,8 @@ static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const ch
 int dt_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
-               *tokenizer = NULL, *lora_from = NULL, *system = NULL, *messages = NULL;
+               *tokenizer = NULL, *lora_from = NULL, *system = NULL, *messages = NULL, *tkwargs = NULL,
+               *tools = NULL;
     dt_model_config cfg = dt_model_config_default();
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
@@ -415,6 +458,10 @@ int dt_cmd_generate(int argc, char **argv)
             system = v;
         } else if (!strcmp(a, "--messages")) {
             messages = v;
+        } else if (!strcmp(a, "--chat-template-kwargs")) {
+            tkwargs = v;
+        } else if (!strcmp(a, "--tools")) {
+            tools = v;
         } else if (!strcmp(a, "--continue-final-message")) {
             cont = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : !strcmp(v, "auto") ? -1 : -2;
             if (cont == -2) {
@@ -615,6 +662,15 @@ int dt_cmd_generate(int argc, char **argv)
                     messages ? "--messages" : system ? "--system" : "--chat", messages ? "a model" : "--prompt");
         return 2;
     }
+    if ((tkwargs || tools) && !chat) {
+        dt__tuning_free(&tu);
+        free(mname);
+        free(vtext);
+        dt_tokenizer_free(ttok);
+        dt__cli_err("dtrain generate: %s goes to the chat template: give --chat on (or --messages FILE) with it\n",
+                    tkwargs ? "--chat-template-kwargs" : "--tools");
+        return 2;
+    }
     if (system && !chat) {
         dt__tuning_free(&tu);
         free(mname);
@@ -634,16 +690,19 @@ int dt_cmd_generate(int argc, char **argv)
         uint32_t *enc = NULL;
         if (!tokenizer && !hf_tok)
             tok = ttok, ttok = NULL; /* the checkpoint's */
-        char *ctext = NULL;
+        char *ctext = NULL, *kw = NULL;
         size_t clen = 0;
         if ((!tok && dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok) < 0) ||
-            (chat && chat_prompt(tok, system, messages ? NULL : ptext, messages, cont, &ctext, &clen) < 0) ||
+            chat_kwargs(tkwargs, tools, &kw) < 0 ||
+            (chat && chat_prompt(tok, system, messages ? NULL : ptext, messages, cont, kw, &ctext, &clen) < 0) ||
             dt_tokenizer_encode(tok, chat ? ctext : ptext, chat ? clen : strlen(ptext), !chat, &enc, &np) < 0) {
             free(ctext);
+            cJSON_free(kw);
             rc = bad();
             goto done;
         }
         free(ctext);
+        cJSON_free(kw);
         prompt = malloc((size_t)(np > 0 ? np : 1) * sizeof *prompt);
         for (int64_t i = 0; prompt && i < np; i++)
             prompt[i] = enc[i];

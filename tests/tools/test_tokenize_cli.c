@@ -819,6 +819,45 @@ TEST(chat_template_cli)
                                       "--messages", convp, "--continue-final-message", "yes", NULL});
     ASSERT_EQ_INT(c.code, 2);
     ASSERT_STR_CONTAINS(c.err, "want auto, on or off");
+    /* the template's keyword arguments and tools (Qwen3's enable_thinking; apply_chat_template(tools=...)) */
+    char kdir[720];
+    snprintf(kdir, sizeof kdir, "%.700s/kw", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/tokenizer.json'", kdir, src, kdir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT(t_write_in(kdir, "tokenizer_config.json",
+                      "{\"chat_template\": \"{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{% for m in "
+                      "messages %}{{ m.role }}: {{ m.content }}\\n{% endfor %}{% if add_generation_prompt %}"
+                      "assistant:{% if enable_thinking is false %} <think></think>{% endif %}{% endif %}\"}"));
+    ASSERT(t_write_in(kdir, "tools.json", "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]"));
+    char toolsp[900];
+    snprintf(toolsp, sizeof toolsp, "%s/tools.json", kdir);
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", kdir,
+                                      "--chat", "on", "--prompt", "Hi", "--chat-template-kwargs",
+                                      "{\"enable_thinking\": false}", "--tools", toolsp, "--temperature", "0",
+                                      "--max-new-tokens", "2", "--eos-id", "none", NULL});
+    ASSERT_EQ_INT(c.code, 0);
+    const char *kwant = "<tools>[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]</tools>user: Hi\n"
+                        "assistant: <think></think>";
+    if (strncmp(c.out, kwant, strlen(kwant)))
+        fprintf(stderr, "kwargs: got %s\n", c.out);
+    ASSERT(!strncmp(c.out, kwant, strlen(kwant)));
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", kdir,
+                                      "--chat", "on", "--prompt", "Hi", "--chat-template-kwargs", "[1]", NULL});
+    ASSERT_EQ_INT(c.code, 2);
+    ASSERT_STR_CONTAINS(c.err, "--chat-template-kwargs: want a JSON object");
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", kdir,
+                                      "--chat", "on", "--prompt", "Hi", "--tools", convp, NULL});
+    ASSERT_EQ_INT(c.code, 0); /* a list (of messages here): the template takes any list */
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", kdir,
+                                      "--prompt", "Hi", "--tools", toolsp, NULL});
+    ASSERT_EQ_INT(c.code, 2);
+    ASSERT_STR_CONTAINS(c.err, "--tools goes to the chat template");
+    ASSERT(t_write_in(kdir, "notlist.json", "{}"));
+    snprintf(toolsp, sizeof toolsp, "%s/notlist.json", kdir);
+    cli_runv(&c, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", kdir,
+                                      "--chat", "on", "--prompt", "Hi", "--tools", toolsp, NULL});
+    ASSERT_EQ_INT(c.code, 2);
+    ASSERT_STR_CONTAINS(c.err, "want a JSON list of tool schemas");
     /* training on conversations, the template kept by the checkpoint */
     char *data = tp(4, "chats.jsonl"), *ck = tp(5, "chat_ck");
     FILE *f = fopen(data, "w");
