@@ -9,10 +9,13 @@
  * name; broken files (truncated, bad magic, a footer past the file,
  * corrupt Thrift, corrupt snappy, a lying page size, an unsupported codec,
  * a dictionary index or a level out of range) give the right code and a
- * message naming the problem; and byte flips anywhere in a file give a
- * row set or an error with a message, never a crash (run under ASan too). */
+ * message naming the problem; byte flips anywhere in a file give a row
+ * set or an error with a message, never a crash (run under ASan too); and
+ * through dt_dataset_text_open the same data as jsonl: and as parquet:
+ * give the same token ids and loss masks. */
 #include "data/parquet.h"
 #include "base/json_strict.h"
+#include "dtrain/tokenizer.h"
 #include "test.h"
 #include "tmp_util.h"
 
@@ -294,6 +297,125 @@ TEST(byte_flips)
     ASSERT(bad > 0 && ok > 0);
 }
 
+
+/* Llama-3 Instruct's template in shape (test_chat_data.c's), and one that marks the assistant's turns. */
+#define LLAMA3_CONFIG                                                                                                \
+    "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\", \"chat_template\": \"{% for message in " \
+    "messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "            \
+    "message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"   \
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"                                             \
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}\"}"
+#define GEN_TEMPLATE                                                                                                 \
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}<|start_header_id|>assistant"               \
+    "<|end_header_id|>\n\n{% generation %}{{ m.content }}<|eot_id|>{% endgeneration %}{% else %}"                     \
+    "<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+
+static dt_tokenizer *load_chat(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/tokenizer/llama3.json", DT_SOURCE_DIR);
+    dt_tokenizer *t = NULL;
+    if (dt_tokenizer_load(path, &t) < 0 ||
+        dt_tokenizer_apply_config(t, LLAMA3_CONFIG, strlen(LLAMA3_CONFIG), "llama3 config") < 0) {
+        fprintf(stderr, "%s\n", dt_last_error());
+        dt_tokenizer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* jsonl:NAME.jsonl OPTS and parquet:NAME.parquet OPTS give the same windows (x and y, masks included): the number of
+ * targets the loss counts, or -1 after saying what differs. */
+static int64_t same_dataset(const dt_tokenizer *t, const char *name, const char *opts, bool mask, bool asst)
+{
+    char js[1200], pq[1200];
+    snprintf(js, sizeof js, "jsonl:%s/tests/data/parquet/%s.jsonl%s", DT_SOURCE_DIR, name, opts);
+    snprintf(pq, sizeof pq, "parquet:%s/tests/data/parquet/%s.parquet%s", DT_SOURCE_DIR, name, opts);
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = 8;
+    kp.stride = 1;
+    kp.completion_only_loss = mask;
+    kp.assistant_only_loss = asst;
+    dt_dataset *a = NULL, *b = NULL;
+    int64_t counted = -1;
+    if (dt_dataset_text_open(js, t, &kp, &a) < 0 || dt_dataset_text_open(pq, t, &kp, &b) < 0) {
+        fprintf(stderr, "%s: %s\n", name, dt_last_error());
+        goto done;
+    }
+    if (dt_dataset_length(a) != dt_dataset_length(b) || dt_dataset_length(a) < 8) {
+        fprintf(stderr, "%s: %lld windows as jsonl, %lld as parquet\n", name, (long long)dt_dataset_length(a),
+                (long long)dt_dataset_length(b));
+        goto done;
+    }
+    counted = 0;
+    for (int64_t i = 0; i < dt_dataset_length(a); i++) {
+        int64_t xa[8], ya[8], xb[8], yb[8];
+        if (dt_dataset_get_item(a, i, xa, ya) < 0 || dt_dataset_get_item(b, i, xb, yb) < 0 ||
+            memcmp(xa, xb, sizeof xa) || memcmp(ya, yb, sizeof ya)) {
+            fprintf(stderr, "%s: window %lld differs\n", name, (long long)i);
+            counted = -1;
+            goto done;
+        }
+        for (int k = 0; k < 8; k++)
+            counted += (i == 0 || k == 7) && ya[k] != -100;
+    }
+done:
+    dt_dataset_free(a);
+    dt_dataset_free(b);
+    return counted;
+}
+
+TEST(dataset_same_as_jsonl)
+{
+    dt_tokenizer *t = load_chat();
+    ASSERT(t != NULL);
+    /* documents; prompt/completion with and without the mask (the mask counts fewer targets) */
+    ASSERT(same_dataset(t, "docs", "", false, false) > 100);
+    ASSERT(same_dataset(t, "mixed_one_page", ",field=score", false, false) < 0); /* numbers: refused alike */
+    int64_t all = same_dataset(t, "prompt_completion", ",prompt=prompt,completion=completion", false, false);
+    int64_t masked = same_dataset(t, "prompt_completion", "", true, false);
+    ASSERT(all > 0 && masked > 0 && masked < all);
+    /* conversations: a "messages" list<struct> with a null field; prompt/completion lists */
+    ASSERT(same_dataset(t, "chat", "", false, false) > 100);
+#if DT_HAVE_ZSTD
+    ASSERT(same_dataset(t, "prompt_completion_conv", "", true, false) > 0);
+#endif
+    ASSERT_OK(dt_tokenizer_set_chat_template(t, GEN_TEMPLATE, strlen(GEN_TEMPLATE), "gen.jinja"));
+    int64_t asst = same_dataset(t, "chat", "", false, true);
+    ASSERT(asst > 0 && asst < same_dataset(t, "chat", "", false, false));
+    /* a null text: the same refusal, the row named (0-based in the row group's file) */
+    char spec[1200];
+    snprintf(spec, sizeof spec, "parquet:%s/tests/data/parquet/mixed_snappy_v1.parquet", DT_SOURCE_DIR);
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = 8;
+    dt_dataset *ds = NULL;
+    ASSERT_STATUS(dt_dataset_text_open(spec, t, &kp, &ds), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "mixed_snappy_v1.parquet: row group 0, row 3: want an object with a string "
+                                         "\"text\"");
+    /* a missing column is a missing key */
+    snprintf(spec, sizeof spec, "parquet:%s/tests/data/parquet/docs.parquet,field=body", DT_SOURCE_DIR);
+    ASSERT_STATUS(dt_dataset_text_open(spec, t, &kp, &ds), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "docs.parquet: row group 0, row 0: want an object with a string \"body\"");
+    /* an unsupported column the rows do not need is not read; one they need is named */
+    snprintf(spec, sizeof spec, "parquet:%s/tests/data/parquet/extra_types.parquet", DT_SOURCE_DIR);
+    ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+    dt_dataset_free(ds);
+    snprintf(spec, sizeof spec, "parquet:%s/tests/data/parquet/extra_types.parquet,field=when", DT_SOURCE_DIR);
+    ASSERT_STATUS(dt_dataset_text_open(spec, t, &kp, &ds), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "column \"when\" is INT96");
+    /* a Parquet file given as jsonl: the hint */
+    snprintf(spec, sizeof spec, "jsonl:%s/tests/data/parquet/docs.parquet", DT_SOURCE_DIR);
+    ASSERT_STATUS(dt_dataset_text_open(spec, t, &kp, &ds), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "give it as parquet:");
+    /* the keys go with parquet: as with jsonl:, not with text: */
+    snprintf(spec, sizeof spec, "parquet:%s/tests/data/parquet/docs.parquet,prompt=a", DT_SOURCE_DIR);
+    ASSERT_STATUS(dt_dataset_text_open(spec, t, &kp, &ds), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "go together");
+    ASSERT_STATUS(dt_dataset_text_open("parquet:/nonexistent/x.parquet", t, &kp, &ds), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), "/nonexistent/x.parquet");
+    dt_tokenizer_free(t);
+}
+
 int main(void)
 {
     RUN(rows_match_pyarrow);
@@ -302,5 +424,6 @@ int main(void)
     RUN(broken_files);
     RUN(broken_bytes);
     RUN(byte_flips);
+    RUN(dataset_same_as_jsonl);
     return TEST_REPORT();
 }
