@@ -555,12 +555,14 @@ static dt_status string_of(dt__pq_file *f, const leafsel *s, const pq_val *v, co
 {
     size_t bad;
     char what[200];
-    if (memchr(v->s, 0, v->n)) {
+    const uint8_t *str = v->n ? v->s : (const uint8_t *)""; /* an empty value may have no bytes at all */
+    const uint8_t *nul = memchr(str, 0, v->n);
+    if (nul) {
         snprintf(what, sizeof what, "a string holds a NUL character (at byte %zu), which dtrain cannot keep in a "
-                 "string", (size_t)((const uint8_t *)memchr(v->s, 0, v->n) - v->s));
+                 "string", (size_t)(nul - str));
         return row_err(f, s, DT_ERR_FORMAT, what);
     }
-    if (!dt__utf8_valid(v->s, v->n, &bad)) {
+    if (!dt__utf8_valid(str, v->n, &bad)) {
         snprintf(what, sizeof what, "a string that is not valid UTF-8 (at byte %zu)", bad);
         return row_err(f, s, DT_ERR_FORMAT, what);
     }
@@ -575,7 +577,7 @@ static dt_status string_of(dt__pq_file *f, const leafsel *s, const pq_val *v, co
         f->scratch_cap = cap;
     }
     if (v->n)
-        memcpy(f->scratch, v->s, v->n);
+        memcpy(f->scratch, str, v->n);
     f->scratch[v->n] = 0;
     *out = f->scratch;
     return DT_OK;

@@ -454,9 +454,11 @@ static bool file_meta(parse *ps)
             m->el = calloc(c, sizeof *m->el);
             if (!m->el)
                 return fail(t, "out of memory");
-            for (uint64_t i = 0; i < c; i++, m->nel++)
+            for (uint64_t i = 0; i < c; i++) {
+                m->nel = (int32_t)i + 1; /* counted first: what a failing element allocated is freed too */
                 if (!schema_el(ps, &m->el[i]))
                     return false;
+            }
             have_schema = true;
             /* the leaves, for the row groups' column counts */
             for (int32_t i = 0; i < m->nel; i++)
@@ -469,9 +471,11 @@ static bool file_meta(parse *ps)
             m->groups = calloc(c ? c : 1, sizeof *m->groups);
             if (!m->groups)
                 return fail(t, "out of memory");
-            for (uint64_t i = 0; i < c; i++, m->ngroups++)
+            for (uint64_t i = 0; i < c; i++) {
+                m->ngroups = (int32_t)i + 1;
                 if (!row_group(ps, &m->groups[i]))
                     return false;
+            }
             have_groups = true;
         } else if (id == 3) {
             ok = get_i64(t, ty, &m->num_rows, &have_rows);

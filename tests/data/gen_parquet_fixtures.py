@@ -99,6 +99,10 @@ def mixed():
               data_page_version=v, **small)
         write("delta_big_v%s" % v[0], big, use_dictionary=False, column_encoding=delta, data_page_version=v,
               compression="zstd")
+    # an empty first value: nothing before it to share a prefix with, no bytes of its own
+    empty = pa.table({"text": ["", "a", "", "ab", "abc", ""], "other": ["", "", "x", "", "yz", ""]})
+    write("delta_empty", empty, use_dictionary=False, compression="none",
+          column_encoding={"text": "DELTA_BYTE_ARRAY", "other": "DELTA_LENGTH_BYTE_ARRAY"})
     bools = pa.Table.from_pylist([{"flag": None if i % 7 == 0 else i % 3 != 1} for i in range(300)])
     write("bool_rle", bools, use_dictionary=False, column_encoding={"flag": "RLE"}, data_page_version="2.0")
 
