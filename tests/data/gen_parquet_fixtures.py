@@ -352,6 +352,12 @@ def broken():
     # the good file these are variations of
     tiny_file("tiny", text, [(6, ["text"], page_v1(good, 3))], 3)
     expect("tiny")
+    # an INDEX_PAGE before the data pages (skipped), and two data pages with the rows split between them
+    index = T((1, "i32", 1), (2, "i32", 5), (3, "i32", 5), (6, "struct", T())).enc() + b"xxxxx"
+    two = page_v1(rle_levels([1, 1], 1) + plain_strings(vals[:2]), 2) + page_v1(rle_levels([1], 1) +
+                                                                           plain_strings(vals[2:]), 1)
+    tiny_file("index_page", text, [(6, ["text"], index + two)], 3)
+    expect("index_page")
 
 
 def main():

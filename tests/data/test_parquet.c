@@ -115,7 +115,7 @@ TEST(rows_match_pyarrow)
         "mixed_zstd_v1", "mixed_zstd_v2", "delta_big_v1", "delta_big_v2", "prompt_completion_conv",
 #endif
         "mixed_plain", "mixed_one_page", "dict_fallback_v1", "dict_fallback_v2", "delta_v1", "delta_v2", "delta_empty",
-        "bool_rle", "prompt_completion", "chat", "docs", "extra_types", "pandas", "legacy_lists", "tiny",
+        "bool_rle", "prompt_completion", "chat", "docs", "extra_types", "pandas", "legacy_lists", "tiny", "index_page",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         ASSERT_EQ_INT(same_rows(names[i]), 0);
