@@ -126,14 +126,19 @@ TEST(bad_files)
     ASSERT_EQ_INT(fwrite(b, 1, n - 30, f), n - 30);
     fclose(f);
     free(b);
-    char spec[3][1300];
+    char fifo[400];
+    snprintf(fifo, sizeof fifo, "%s/fifo.parquet", cli_tmpdir());
+    ASSERT_EQ_INT(mkfifo(fifo, 0600), 0);
+    char spec[4][1300];
     snprintf(spec[0], sizeof spec[0], "%s", fx("bad_dict_index"));
     snprintf(spec[1], sizeof spec[1], "parquet:%s", trunc);
     snprintf(spec[2], sizeof spec[2], "jsonl:%s", src);
-    const char *msg[3] = {"bad_dict_index.parquet: row group 0, column \"text\", page 1: dictionary index 5",
+    snprintf(spec[3], sizeof spec[3], "parquet:%s", fifo); /* refused at once, not waited on */
+    const char *msg[4] = {"bad_dict_index.parquet: row group 0, column \"text\", page 1: dictionary index 5",
                           "trunc.parquet: not a Parquet file (no \"PAR1\" at its end: truncated?)",
-                          "a Parquet file (it starts with \"PAR1\"), not JSON lines: give it as parquet:"};
-    for (int i = 0; i < 3; i++) {
+                          "a Parquet file (it starts with \"PAR1\"), not JSON lines: give it as parquet:",
+                          "fifo.parquet: cannot open: not a regular file"};
+    for (int i = 0; i < 4; i++) {
         cli_result r;
         cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", spec[i], "--no-eval",
                                           "--tokenizer", tok, "--max-steps", "1", "--threads", "1", NULL});
