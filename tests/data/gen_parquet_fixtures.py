@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the Parquet fixtures of tests/data/test_parquet.c and their expected rows.
 
-    $PYTHON tests/data/gen_parquet_fixtures.py     (a python with pyarrow >= 10; pandas for pandas.parquet)
+    $PYTHON tests/data/gen_parquet_fixtures.py     (a python with pyarrow >= 10; pandas, polars for their files)
 
 For each NAME.parquet under tests/data/parquet/ it writes NAME.jsonl: the rows as pyarrow itself reads them back
 (pq.read_table(...).to_pylist()), one JSON object a line, restricted to the columns the test asks the C reader for
@@ -11,7 +11,8 @@ files differ (codecs, page versions, dictionary / plain / fallback, delta encodi
 the few layouts pyarrow does not write (the legacy two-level lists) and the deliberately broken files come from the
 small writer below, built from the format specification (parquet.thrift, Thrift's compact protocol).
 
-Without pandas installed, pandas.parquet (a DataFrame.to_parquet file with its index column) is left as it is."""
+Without pandas installed, pandas.parquet (a DataFrame.to_parquet file with its index column) is left as it is, and
+without polars polars.parquet (DataFrame.write_parquet, polars' own writer)."""
 import json
 import os
 import struct
@@ -152,6 +153,24 @@ def pandas_file():
                       index=[10 * i + 3 for i in range(9)])
     df.to_parquet(os.path.join(OUT, "pandas.parquet"))
     expect("pandas")
+
+
+def polars_file():
+    """polars' own writer (not pyarrow's): its page layout, its string and list columns, a struct list with nulls."""
+    try:
+        import polars as pl
+    except ImportError:
+        print("gen_parquet_fixtures: no polars here: polars.parquet kept as it is")
+        return
+    df = pl.DataFrame({
+        "text": ["polars %d %s" % (i, WORDS[i % len(WORDS)]) if i % 6 != 5 else None for i in range(300)],
+        "n": list(range(300)),
+        "messages": [[{"role": "user", "content": "q%d" % i}, {"role": "assistant", "content": None}]
+                     if i % 4 else [] for i in range(300)],
+    })
+    df.write_parquet(os.path.join(OUT, "polars.parquet"), compression="zstd", row_group_size=128,
+                     data_page_size=512)
+    expect("polars")
 
 
 # ---- a small writer for what pyarrow does not write --------------------------------------------------------------
@@ -366,6 +385,7 @@ def main():
     text_sets()
     extra_types()
     pandas_file()
+    polars_file()
     legacy_lists()
     broken()
     print("gen_parquet_fixtures: wrote %s (pyarrow %s)" % (OUT, pa.__version__))
