@@ -178,15 +178,15 @@ static const opt_def opts[] = {
      "(dtrain generate --ckpt DIR --prompt TEXT)"},
     {"assistant-only-loss", OPT_FLAG, OFF(assistant_only_loss), 0, 0, NULL, NULL,
      "GPT models on conversations (--data jsonl:FILE or parquet:FILE of \"messages\" lists; --val-data too): the "
-     "loss counts only "
-     "the tokens the tokenizer's chat template writes inside its {% generation %} blocks (the assistant's turns), "
+     "loss counts only the tokens the tokenizer's chat template writes inside its {% generation %} blocks (the "
+     "assistant's turns), "
      "the others are label -100; TRL's assistant_only_loss=True (transformers' assistant mask). A template without "
      "such blocks, text lines and a conversation with no assistant token are refused (exit 2); with --loss-mask on "
      "prompt/completion conversations a target must be both"},
     {"loss-mask", OPT_FLAG, OFF(loss_mask), 0, 0, NULL, NULL,
      "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY] or parquet:FILE[,...] "
-     "so, keys prompt and "
-     "completion by default; --val-data too): the loss counts only the completion tokens and the end-of-document "
+     "so, keys prompt and completion by default; --val-data too): the loss counts only the completion tokens and "
+     "the end-of-document "
      "token, the prompt's positions are label -100 (ignored: the mean is over the counted tokens, as "
      "CrossEntropyLoss(ignore_index=-100)); TRL's completion_only_loss=True, Axolotl's train_on_inputs: false. "
      "Each rank's loss is the mean over its own counted tokens and the gradients are averaged over the ranks, as "
