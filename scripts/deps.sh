@@ -4,7 +4,8 @@
 # the README's commands in a minimal bookworm root).
 # Usage: scripts/deps.sh [build|test|fuzz|demo|bench|fresh-check]...
 #   build        compilers, CMake, oneDNN (+ OpenCL headers, which oneDNN's
-#                CMake package looks for), zlib, cJSON, liburing, Open MPI,
+#                CMake package looks for), zlib, cJSON, liburing, libzstd
+#                (ZSTD-compressed Parquet data), Open MPI,
 #                and netbase (its /etc/hosts names localhost, where a minimal
 #                root has none: without it every mpirun waits about 5 s)
 #   test         build + gnuplot, the data sets the tests train on,
@@ -21,7 +22,7 @@
 set -euo pipefail
 [ $# -gt 0 ] || set -- build
 build=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libcjson-dev
-       liburing-dev libopenmpi-dev openmpi-bin netbase)
+       liburing-dev libzstd-dev libopenmpi-dev openmpi-bin netbase)
 data=(dataset-fashion-mnist bible-kjv bible-kjv-text)
 pkgs=()
 for what in "$@"; do

@@ -7,7 +7,7 @@
  * train command line, any option given here overrides them (e.g. --data
  * idx:DIR to evaluate on other files, --limit-test N), and the train
  * command's own setup builds the model and the data, loads the checkpoint's
- * weights (CRC-checked) and evaluates. Text data (--data text:/jsonl:) is
+ * weights (CRC-checked) and evaluates. Text data (--data text:/jsonl:/parquet:) is
  * encoded with --tokenizer FILE when given, else with the tokenizer.json a
  * run trained with --tokenizer keeps (dt__ckpt_tokenizer, as dtrain
  * generate --ckpt); the command says which. Parsing and printing only. */
@@ -52,8 +52,11 @@ static void usage(FILE *f)
                "       dtrain eval --weights model.safetensors --model convnet --data fashion-mnist\n");
 }
 
-/* text:/jsonl: data (encoded with a tokenizer) */
-static bool text_spec(const char *d) { return d && (!strncmp(d, "text:", 5) || !strncmp(d, "jsonl:", 6)); }
+/* text:/jsonl:/parquet: data (encoded with a tokenizer) */
+static bool text_spec(const char *d)
+{
+    return d && (!strncmp(d, "text:", 5) || !strncmp(d, "jsonl:", 6) || !strncmp(d, "parquet:", 8));
+}
 
 /* The effective --data (key "data") or --val-data (key "val_data"): the
  * one given here, else the checkpoint's. */

@@ -23,8 +23,9 @@ int dt_cmd_info(int argc, char **argv)
     char feat[256];
     const dnnl_version_t *v = dnnl_version();
     printf("dtrain %s\n", DT_VERSION_STRING);
-    printf("build: %s%s%s, mpi backend %s\n", DT_BUILD_TYPE, DT_SANITIZE_STR[0] ? ", sanitizers " : "",
-           DT_SANITIZE_STR, DT_HAVE_MPI ? "yes" : "no");
+    printf("build: %s%s%s, mpi backend %s, zstd (parquet: data) %s\n", DT_BUILD_TYPE,
+           DT_SANITIZE_STR[0] ? ", sanitizers " : "", DT_SANITIZE_STR, DT_HAVE_MPI ? "yes" : "no",
+           DT_HAVE_ZSTD ? "yes" : "no");
     printf("compute: oneDNN %d.%d.%d (cpu runtime %s), OpenMP threads %d\n", v->major, v->minor,
            v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other", dt_get_num_threads());
     const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT"), *dw = getenv("DT_OMP_WAIT");

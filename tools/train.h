@@ -72,9 +72,9 @@ typedef struct dt__train_opts {
     int64_t sample_tokens;    /* its length; 0 when not given (64: dt__train_sample_tokens) */
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */
     const char *vocab;        /* BPE vocabulary (dtrain tokenize): samples printed as text */
-    const char *tokenizer;    /* tokenizer.json for --data text:/jsonl: */
+    const char *tokenizer;    /* tokenizer.json for --data text:/jsonl:/parquet: */
     bool tokenizer_of_model;  /* tokenizer is --model hf:DIR's own tokenizer.json (not given) */
-    bool loss_mask;           /* --loss-mask: prompt/completion jsonl, the loss on the completions only */
+    bool loss_mask;           /* --loss-mask: prompt/completion jsonl/parquet, the loss on the completions only */
     bool assistant_only_loss; /* --assistant-only-loss: conversations, the loss on the assistant's turns only */
     const char *freeze;       /* comma-separated name patterns of frozen parameters (NULL = none) */
     const char *lora_targets; /* LoRA: comma-separated layer names (NULL = no LoRA) */

@@ -38,9 +38,12 @@ static const opt_def opts[] = {
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "SPEC",
      "fashion-mnist | mnist:DIR | idx:DIR | npy:X.npy[,Y.npy][,test=F] | csv:FILE[,label=COL][,test=F] | random "
      "| tokens:FILE | text:FILE[,FILE...] | jsonl:FILE[,FILE...][,field=KEY | ,prompt=KEY,completion=KEY] "
+     "| parquet:FILE[,FILE...][,field=KEY | ,prompt=KEY,completion=KEY] "
      "(default fashion-mnist; random for mlp). npy/csv: a held-out fraction F (default 0.1) is the test set; GPT "
      "models need tokens:FILE (an llm.c token file) or text (each text: file, each jsonl: line's KEY, default "
-     "text, one document, followed by the end-of-document token; with prompt=KEY,completion=KEY each line is its "
+     "text, one document, followed by the end-of-document token; a parquet: file's rows (Hugging Face datasets' "
+     "files; SNAPPY, GZIP, ZSTD or uncompressed) are taken as jsonl: lines with its columns as keys, only the "
+     "columns used read; with prompt=KEY,completion=KEY each line is its "
      "prompt's tokens, its completion's, the end-of-document token: TRL's prompt-completion format; a line's "
      "\"messages\" list (or KEY's, or prompt and completion lists) is a conversation, rendered by the tokenizer's "
      "chat template as apply_chat_template does, nothing added after it: TRL's conversational formats; encoded "
@@ -170,19 +173,21 @@ static const opt_def opts[] = {
      "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model); DIR is made at the start "
      "and held by the run: another job given it is refused"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
-     "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
+     "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl:/parquet: (and "
      "--val-data; with --model hf:DIR the default is DIR's tokenizer.json, when it has one); the model's "
      "vocabulary is its size unless --vocab-size; --save-hf writes it with the model, --save checkpoints keep it "
      "(dtrain generate --ckpt DIR --prompt TEXT)"},
     {"assistant-only-loss", OPT_FLAG, OFF(assistant_only_loss), 0, 0, NULL, NULL,
-     "GPT models on conversations (--data jsonl:FILE of \"messages\" lists; --val-data too): the loss counts only "
-     "the tokens the tokenizer's chat template writes inside its {% generation %} blocks (the assistant's turns), "
+     "GPT models on conversations (--data jsonl:FILE or parquet:FILE of \"messages\" lists; --val-data too): the "
+     "loss counts only the tokens the tokenizer's chat template writes inside its {% generation %} blocks (the "
+     "assistant's turns), "
      "the others are label -100; TRL's assistant_only_loss=True (transformers' assistant mask). A template without "
      "such blocks, text lines and a conversation with no assistant token are refused (exit 2); with --loss-mask on "
      "prompt/completion conversations a target must be both"},
     {"loss-mask", OPT_FLAG, OFF(loss_mask), 0, 0, NULL, NULL,
-     "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY], keys prompt and "
-     "completion by default; --val-data too): the loss counts only the completion tokens and the end-of-document "
+     "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY] or parquet:FILE[,...] "
+     "so, keys prompt and completion by default; --val-data too): the loss counts only the completion tokens and "
+     "the end-of-document "
      "token, the prompt's positions are label -100 (ignored: the mean is over the counted tokens, as "
      "CrossEntropyLoss(ignore_index=-100)); TRL's completion_only_loss=True, Axolotl's train_on_inputs: false. "
      "Each rank's loss is the mean over its own counted tokens and the gradients are averaged over the ranks, as "
@@ -582,7 +587,7 @@ static const struct {
                    "DeepSpeed's launcher give --no_local_rank)"},
     {"data-seed", "--seed N (initialisation and shuffling)"},
     {"model-name-or-path", "--model hf:DIR"},
-    {"train-file", "--data SPEC (text:FILE, jsonl:FILE, tokens:FILE)"},
+    {"train-file", "--data SPEC (text:FILE, jsonl:FILE, parquet:FILE, tokens:FILE)"},
     {"validation-file", "--val-data SPEC"},
     {"max-seq-length", "--seq T"},
     {"seq-length", "--seq T"},
@@ -709,11 +714,14 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
     return o->config ? 0 : dt__train_check(o);
 }
 
-/* Language-model data: text:/jsonl: (encoded with --tokenizer) and tokens:FILE. */
-static bool lm_text_spec(const char *d)
+/* Records with keys (prompt/completion, conversations): jsonl: and parquet:. */
+static bool records_spec(const char *d)
 {
-    return (!strncmp(d, "text:", 5) && d[5]) || (!strncmp(d, "jsonl:", 6) && d[6]);
+    return d && ((!strncmp(d, "jsonl:", 6) && d[6]) || (!strncmp(d, "parquet:", 8) && d[8]));
 }
+
+/* Language-model data: text:/jsonl:/parquet: (encoded with --tokenizer) and tokens:FILE. */
+static bool lm_text_spec(const char *d) { return (!strncmp(d, "text:", 5) && d[5]) || records_spec(d); }
 
 static bool lm_data_spec(const char *d) { return (!strncmp(d, "tokens:", 7) && d[7]) || lm_text_spec(d); }
 
@@ -764,7 +772,8 @@ int dt__train_check(dt__train_opts *o)
     }
     if (lm && (!o->data || !lm_data_spec(o->data))) {
         dt__cli_err("dtrain train: --model %s trains on token files or text: give --data tokens:FILE (an llm.c "
-                    "token file; dtrain tokenize makes one), text:FILE or jsonl:FILE with --tokenizer\n", o->model);
+                    "token file; dtrain tokenize makes one), text:FILE, jsonl:FILE or parquet:FILE with --tokenizer\n",
+                    o->model);
         return 2;
     }
     static char model_tok[4200]; /* hf:DIR's tokenizer.json: AutoTokenizer.from_pretrained(DIR)'s */
@@ -772,7 +781,8 @@ int dt__train_check(dt__train_opts *o)
         dt_hf_dir_tokenizer(o->model, model_tok, sizeof model_tok))
         o->tokenizer = model_tok, o->tokenizer_of_model = true;
     if (lm && !o->tokenizer && (lm_text_spec(o->data) || (o->val_data && lm_text_spec(o->val_data)))) {
-        dt__cli_err("dtrain train: --data/--val-data text: and jsonl: need --tokenizer FILE (a tokenizer.json)\n");
+        dt__cli_err("dtrain train: --data/--val-data text:, jsonl: and parquet: need --tokenizer FILE (a "
+                    "tokenizer.json)\n");
         return 2;
     }
     if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora) && !o->lora_targets) {
@@ -789,16 +799,15 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --save-lora goes with --lora-targets NAME[,NAME...] or --lora-from DIR\n");
         return 2;
     }
-    if (o->assistant_only_loss &&
-        (!lm || strncmp(o->data, "jsonl:", 6) || (o->val_data && strncmp(o->val_data, "jsonl:", 6)))) {
+    if (o->assistant_only_loss && (!lm || !records_spec(o->data) || (o->val_data && !records_spec(o->val_data)))) {
         dt__cli_err("dtrain train: --assistant-only-loss takes GPT models on conversations: --data (and --val-data) "
-                    "jsonl:FILE[,FILE...] of \"messages\" lists, with a tokenizer that has a chat template\n");
+                    "jsonl:FILE[,FILE...] or parquet:FILE[,FILE...] of \"messages\" lists, with a tokenizer that has "
+                    "a chat template\n");
         return 2;
     }
-    if (o->loss_mask &&
-        (!lm || strncmp(o->data, "jsonl:", 6) || (o->val_data && strncmp(o->val_data, "jsonl:", 6)))) {
+    if (o->loss_mask && (!lm || !records_spec(o->data) || (o->val_data && !records_spec(o->val_data)))) {
         dt__cli_err("dtrain train: --loss-mask takes GPT models on prompt/completion data: --data (and --val-data) "
-                    "jsonl:FILE[,FILE...][,prompt=KEY,completion=KEY] with --tokenizer\n");
+                    "jsonl:FILE[,FILE...][,prompt=KEY,completion=KEY] (or parquet: so) with --tokenizer\n");
         return 2;
     }
     if (o->tokenizer && (!lm || o->vocab)) {
@@ -825,7 +834,8 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     if (lm && o->val_data && !lm_data_spec(o->val_data)) {
-        dt__cli_err("dtrain train: --val-data %s: expected tokens:FILE, text:FILE or jsonl:FILE\n", o->val_data);
+        dt__cli_err("dtrain train: --val-data %s: expected tokens:FILE, text:FILE, jsonl:FILE or parquet:FILE\n",
+                    o->val_data);
         return 2;
     }
     if (lm && !o->val_data && !o->no_eval) {

@@ -533,7 +533,7 @@ int dt__tr_setup_model(dt__train_run *t)
     return 0;
 }
 
-/* tokens:FILE, or text:/jsonl: encoded with --tokenizer (dt_dataset_text_open). */
+/* tokens:FILE, or text:/jsonl:/parquet: encoded with --tokenizer (dt_dataset_text_open). */
 static dt_status lm_data_open(dt__train_run *t, const char *spec, const dt_tokens_params *kp, dt_dataset **out)
 {
     if (!strncmp(spec, "tokens:", 7))

@@ -368,14 +368,14 @@ typedef struct dt_tokens_params {
     int64_t vocab_size;    /* every token must be < this (checked at open);
                               0 = no check (default 0) */
     bool completion_only_loss; /* prompt/completion data (dt_dataset_text_open's
-                              jsonl:...,prompt=KEY,completion=KEY): the targets
+                              jsonl:/parquet:...,prompt=KEY,completion=KEY): the targets
                               that are prompt tokens become DT_K_IGNORE_INDEX
                               (-100), so the loss counts only the completions
                               and their end-of-document tokens (TRL's
                               completion_only_loss, Axolotl's train_on_inputs:
                               false). Token files have no prompts: refused
                               there (DT_ERR_INVALID_ARG). Default false */
-    bool assistant_only_loss; /* conversations (dt_dataset_text_open's jsonl
+    bool assistant_only_loss; /* conversations (dt_dataset_text_open's jsonl/parquet
                               lines of messages): only the targets that the
                               chat template's {% generation %} blocks wrote
                               (the assistant's turns) are counted, the others

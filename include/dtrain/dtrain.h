@@ -13,7 +13,7 @@
  *   models.h    the model zoo (ConvNet, MLP) and model descriptors
  *   optim.h     fused optimizers over flat buffers, clipping, schedules
  *   data.h      datasets, samplers, the prefetching loader
- *   tokenizer.h Hugging Face tokenizer.json (byte-level BPE), text and jsonl corpora
+ *   tokenizer.h Hugging Face tokenizer.json (byte-level BPE), text, jsonl and parquet corpora
  *   parallel.h  DDP, the gradient-reduction engine, SyncBatchNorm, metrics
  *   mesh.h      process meshes, distributed tensors (Shard/Replicate/Partial), reshard
  *   cp.h        context parallelism: ring and Ulysses attention over a split sequence

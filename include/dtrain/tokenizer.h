@@ -221,7 +221,16 @@ DT_API dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_
  * file names cannot hold commas). Every document is encoded with t (no
  * special tokens added) and followed by the end-of-document token
  * (dt_tokenizer_eos; Megatron's append-eod), all at open, and the ids are
- * kept in memory. "jsonl:FILE[,FILE...],prompt=KEY,completion=KEY"
+ * kept in memory. "parquet:FILE[,FILE...]" with the same keys as jsonl:
+ * takes Apache Parquet files (Hugging Face datasets' files) as JSON lines:
+ * each row an object whose keys are the columns (only those the rows use
+ * are read: the document's, or prompt and completion, "messages",
+ * "tools", "chat_template_kwargs"); strings, integers, booleans, floats,
+ * lists and structs are read (list<struct<role, content>> is a list of
+ * messages), SNAPPY, GZIP, ZSTD or uncompressed; errors name the row
+ * ("parquet FILE: row group G, row R", R from 0). What jsonl: lines are
+ * and do below, parquet: rows are and do alike.
+ * "jsonl:FILE[,FILE...],prompt=KEY,completion=KEY"
  * (TRL's prompt-completion format): each line is its string KEYs' prompt
  * and completion, encoded each on its own, then the end-of-document token
  * (an empty completion is that token alone; an empty prompt is allowed).
@@ -241,10 +250,12 @@ DT_API dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_
  * not the start of the whole's). Items are windows of seq_len + 1 tokens as in
  * dt_dataset_tokens_open (p: seq_len, stride; vocab_size 0 = the
  * tokenizer's, else every id must be below it). t is only used while
- * opening. Errors name the spec, the file (and line for jsonl):
+ * opening. Errors name the spec, the file (and line for jsonl, row for parquet):
  * DT_ERR_INVALID_ARG (bad spec), DT_ERR_IO, DT_ERR_FORMAT (bad JSON, a
  * line that is not an object, a key missing or not a string, an id >=
- * vocab_size, text that is not UTF-8), DT_ERR_NOT_FOUND
+ * vocab_size, text that is not UTF-8, a corrupt Parquet file),
+ * DT_ERR_UNSUPPORTED (a Parquet column or codec that is not read, named),
+ * DT_ERR_NOT_FOUND
  * (the tokenizer has no end-of-document token). */
 DT_API dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt_tokens_params *p,
                                       dt_dataset **out);

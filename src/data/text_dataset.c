@@ -7,6 +7,11 @@
  * Items are then windows of T + 1 tokens exactly as a token file's
  * (dt_dataset_tokens_open): x the first T, y the last T.
  *
+ * JSON-lines files (jsonl:) and Parquet files (parquet:, read by parquet.h
+ * into the same JSON objects, a row at a time, only the columns used) are
+ * records with the same keys: each one document, or a prompt and a
+ * completion, or a conversation (add_record).
+ *
  * Prompt/completion lines (jsonl:...,prompt=KEY,completion=KEY) are the
  * prompt's ids, then the completion's, then the end-of-document id, each
  * text encoded on its own (the boundary is always a token boundary). With
@@ -19,6 +24,7 @@
 #include "base/json_strict.h"
 #include "dtrain/kernels.h"
 #include "mapfile.h"
+#include "parquet.h"
 #include "tok_impl.h"
 
 #include <errno.h>
@@ -166,7 +172,7 @@ static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char
     return add_text(a, t, text, n, true, true, eos, where);
 }
 
-/* The keys of a jsonl line: field (one document), or prompt and completion. */
+/* The keys of a record (a jsonl line, a parquet row): field (one document), or prompt and completion. */
 typedef struct jkeys {
     const char *field, *prompt, *completion;
     bool field_given; /* field= named it (else "text", and a line without it may be a "messages" conversation) */
@@ -283,11 +289,44 @@ static dt_status add_chat(acc *a, const dt_tokenizer *t, const cJSON *o, const c
     return st;
 }
 
-/* Every line of a JSON-lines file is one document: the string `field` of
- * its object, or its prompt and its completion. Blank lines are skipped. */
+/* One record (a JSON-lines line, a Parquet row): one document, the string `field` of object o, or its prompt and
+ * its completion, or a conversation. where names the record in messages. */
+static dt_status add_record(acc *a, const dt_tokenizer *t, uint32_t eos, const cJSON *o, const jkeys *keys,
+                            const char *where)
+{
+    dt_status st = DT_OK;
+    const char *pr = NULL, *co = NULL;
+    const cJSON *fv = cJSON_GetObjectItemCaseSensitive(o, keys->prompt ? keys->prompt : keys->field);
+    const cJSON *cv = keys->prompt ? cJSON_GetObjectItemCaseSensitive(o, keys->completion) : NULL;
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!keys->prompt && !fv && !keys->field_given && cJSON_IsArray(msgs))
+        fv = msgs; /* TRL's conversational language modeling: {"messages": [...]} */
+    const bool chat = cJSON_IsArray(fv) && (!keys->prompt || cJSON_IsArray(cv));
+    if (!cJSON_IsObject(o))
+        st = dt_error(DT_ERR_FORMAT, "%s: want a JSON object, one a line", where);
+    else if (chat)
+        st = add_chat(a, t, o, keys->prompt ? fv : NULL, keys->prompt ? cv : fv, keys->assistant_only, where);
+    else if (keys->assistant_only)
+        st = dt_error(DT_ERR_INVALID_ARG, "%s: a loss on the assistant's turns only needs conversations (a "
+                      "\"messages\" list, or prompt and completion lists), and this line is text", where);
+    else if (!keys->prompt)
+        st = jstring(o, keys->field, "field", where, &co);
+    else if ((st = jstring(o, keys->prompt, "prompt", where, &pr)) == DT_OK)
+        st = jstring(o, keys->completion, "completion", where, &co);
+    if (st == DT_OK && pr) /* an empty completion: only its end-of-document token is a target */
+        st = add_text(a, t, pr, strlen(pr), false, false, eos, where);
+    if (st == DT_OK && co)
+        st = add_text(a, t, co, strlen(co), true, true, eos, where);
+    return st;
+}
+
+/* Every line of a JSON-lines file is one record (add_record). Blank lines are skipped. */
 static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const char *path, char *buf, size_t n,
                            const jkeys *keys)
 {
+    if (n >= 4 && !memcmp(buf, "PAR1", 4))
+        return dt_error(DT_ERR_FORMAT, "jsonl %s: a Parquet file (it starts with \"PAR1\"), not JSON lines: give it "
+                        "as parquet:%s", path, path);
     size_t line = 0;
     for (char *p = buf, *end = buf + n; p < end;) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -303,28 +342,7 @@ static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const ch
             dt_status st = dt__json_parse_strict(p, len, where, &o);
             if (st < 0)
                 return st;
-            const char *pr = NULL, *co = NULL;
-            const cJSON *fv = cJSON_GetObjectItemCaseSensitive(o, keys->prompt ? keys->prompt : keys->field);
-            const cJSON *cv = keys->prompt ? cJSON_GetObjectItemCaseSensitive(o, keys->completion) : NULL;
-            const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
-            if (!keys->prompt && !fv && !keys->field_given && cJSON_IsArray(msgs))
-                fv = msgs; /* TRL's conversational language modeling: {"messages": [...]} */
-            const bool chat = cJSON_IsArray(fv) && (!keys->prompt || cJSON_IsArray(cv));
-            if (!cJSON_IsObject(o))
-                st = dt_error(DT_ERR_FORMAT, "%s: want a JSON object, one a line", where);
-            else if (chat)
-                st = add_chat(a, t, o, keys->prompt ? fv : NULL, keys->prompt ? cv : fv, keys->assistant_only, where);
-            else if (keys->assistant_only)
-                st = dt_error(DT_ERR_INVALID_ARG, "%s: a loss on the assistant's turns only needs conversations (a "
-                              "\"messages\" list, or prompt and completion lists), and this line is text", where);
-            else if (!keys->prompt)
-                st = jstring(o, keys->field, "field", where, &co);
-            else if ((st = jstring(o, keys->prompt, "prompt", where, &pr)) == DT_OK)
-                st = jstring(o, keys->completion, "completion", where, &co);
-            if (st == DT_OK && pr) /* an empty completion: only its end-of-document token is a target */
-                st = add_text(a, t, pr, strlen(pr), false, false, eos, where);
-            if (st == DT_OK && co)
-                st = add_text(a, t, co, strlen(co), true, true, eos, where);
+            st = add_record(a, t, eos, o, keys, where);
             cJSON_Delete(o);
             if (st < 0)
                 return st;
@@ -332,6 +350,34 @@ static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const ch
         p = nl ? nl + 1 : end;
     }
     return DT_OK;
+}
+
+/* Every row of a Parquet file is one record (add_record), read with only the columns the records use: the
+ * document's (or the prompt's and the completion's), "messages" unless field= names the document's, and the chat
+ * template's "tools" and "chat_template_kwargs". */
+static dt_status add_parquet(acc *a, const dt_tokenizer *t, uint32_t eos, const char *path, const jkeys *keys)
+{
+    dt__pq_file *f;
+    dt_status st = dt__pq_open(path, &f);
+    if (st < 0)
+        return st;
+    const char *cols[6];
+    size_t nc = 0;
+    cols[nc++] = keys->prompt ? keys->prompt : keys->field;
+    if (keys->prompt)
+        cols[nc++] = keys->completion;
+    if (keys->prompt || !keys->field_given)
+        cols[nc++] = "messages";
+    cols[nc++] = "tools";
+    cols[nc++] = "chat_template_kwargs";
+    st = dt__pq_select(f, cols, nc);
+    cJSON *row = NULL;
+    while (st == DT_OK && (st = dt__pq_next(f, &row)) == DT_OK && row) {
+        st = add_record(a, t, eos, row, keys, dt__pq_where(f));
+        cJSON_Delete(row);
+    }
+    dt__pq_close(f);
+    return st;
 }
 
 dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt_tokens_params *p,
@@ -342,11 +388,13 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     *out = NULL;
     if (!spec || !t || !p)
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_text_open: NULL argument");
-    bool jsonl = !strncmp(spec, "jsonl:", 6);
-    if (!jsonl && strncmp(spec, "text:", 5))
+    const bool parquet = !strncmp(spec, "parquet:", 8);
+    const bool records = parquet || !strncmp(spec, "jsonl:", 6); /* jsonl: and parquet: take the same keys */
+    const size_t plen = parquet ? 8 : records ? 6 : 5;
+    if (!records && strncmp(spec, "text:", 5))
         return dt_error(DT_ERR_INVALID_ARG,
-                        "data %s: want text:FILE[,FILE...] or jsonl:FILE[,FILE...][,field=NAME | "
-                        ",prompt=KEY,completion=KEY]", spec);
+                        "data %s: want text:FILE[,FILE...], jsonl:FILE[,FILE...][,field=NAME | "
+                        ",prompt=KEY,completion=KEY] or parquet:FILE[,FILE...] with the same keys", spec);
     if (p->seq_len < 1 || p->seq_len > (1 << 24) || p->stride < 0 || p->vocab_size < 0)
         return dt_error(DT_ERR_INVALID_ARG, "data %s: need 1 <= seq_len <= 2^24, stride >= 0, vocab_size >= 0", spec);
     if (p->vocab_size && dt_tokenizer_vocab_size(t) > p->vocab_size)
@@ -356,7 +404,7 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     dt_status st = dt_tokenizer_eos(t, &eos);
     if (st < 0)
         return dt_error(st, "data %s: documents are separated by the end-of-document token: %s", spec, dt_last_error());
-    char *list = strdup(spec + (jsonl ? 6 : 5));
+    char *list = strdup(spec + plen);
     if (!list)
         return dt_error(DT_ERR_NO_MEMORY, "data %s: out of memory", spec);
     jkeys keys = {.field = NULL};
@@ -372,10 +420,10 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
                             : !strncmp(s, "completion=", 11) ? &keys.completion
                                                              : NULL;
         if (slot) {
-            if (!jsonl || !eq[1] || *slot) {
+            if (!records || !eq[1] || *slot) {
                 free(list);
-                return dt_error(DT_ERR_INVALID_ARG, "data %s: %.*s=NAME goes with jsonl:, once, and names a key", spec,
-                                (int)(eq - s), s);
+                return dt_error(DT_ERR_INVALID_ARG, "data %s: %.*s=NAME goes with jsonl: (or parquet:), once, and "
+                                "names a key", spec, (int)(eq - s), s);
             }
             *slot = eq + 1;
         } else if (!*s) {
@@ -385,18 +433,19 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
             nfiles++;
         }
     }
-    if (jsonl && p->completion_only_loss && !keys.field && !keys.prompt && !keys.completion)
+    if (records && p->completion_only_loss && !keys.field && !keys.prompt && !keys.completion)
         keys.prompt = "prompt", keys.completion = "completion"; /* TRL's prompt-completion format */
     const char *bad = !nfiles                                            ? "no file"
-                      : p->assistant_only_loss && !jsonl
-                          ? "a loss on the assistant's turns only needs conversations: jsonl:FILE[,FILE...] of "
-                            "\"messages\" lists (TRL's conversational format)"
+                      : p->assistant_only_loss && !records
+                          ? "a loss on the assistant's turns only needs conversations: jsonl:FILE[,FILE...] or "
+                            "parquet:FILE[,FILE...] of \"messages\" lists (TRL's conversational format)"
                       : keys.field && (keys.prompt || keys.completion) ? "field=KEY (one document a line) or "
                                                                            "prompt=KEY,completion=KEY, not both"
                       : !keys.prompt != !keys.completion               ? "prompt=KEY and completion=KEY go together"
                       : p->completion_only_loss && !keys.prompt
                           ? "a loss on the completions only needs prompt/completion data: jsonl:FILE[,FILE...]"
-                            "[,prompt=KEY,completion=KEY] (default keys prompt and completion)"
+                            "[,prompt=KEY,completion=KEY] or parquet:FILE[,...] so (default keys prompt and "
+                            "completion)"
                           : NULL;
     if (bad) {
         free(list);
@@ -407,17 +456,21 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     if (!keys.field)
         keys.field = "text";
     acc a = {.mask = p->completion_only_loss || p->assistant_only_loss};
-    size_t left = strlen(spec + (jsonl ? 6 : 5)) + 1;
+    size_t left = strlen(spec + plen) + 1;
     for (char *s = list; st == DT_OK && s < list + left; s += strlen(s) + 1) {
         if (!strncmp(s, "field=", 6) || !strncmp(s, "prompt=", 7) || !strncmp(s, "completion=", 11))
             continue; /* an option (checked above) */
+        if (parquet) { /* read a column chunk at a time, not whole */
+            st = add_parquet(&a, t, eos, s, &keys);
+            continue;
+        }
         char *buf = NULL;
         size_t n = 0;
         if ((st = read_file(s, &buf, &n)) < 0)
             break;
         char where[600];
         snprintf(where, sizeof where, "text data %s", s);
-        st = jsonl ? add_jsonl(&a, t, eos, s, buf, n, &keys) : add_doc(&a, t, eos, buf, n, where);
+        st = records ? add_jsonl(&a, t, eos, s, buf, n, &keys) : add_doc(&a, t, eos, buf, n, where);
         free(buf);
     }
     free(list);

@@ -319,11 +319,11 @@ dt_status dt_dataset_tokens_open(const char *path, const dt_tokens_params *p, dt
     if (p->completion_only_loss || p->assistant_only_loss)
         return dt_error(DT_ERR_INVALID_ARG,
                         p->completion_only_loss ? "token file %s: a loss on the completions only needs "
-                                                  "prompt/completion data (jsonl:FILE,prompt=KEY,completion=KEY); a "
-                                                  "token file has no prompts"
+                                                  "prompt/completion data (jsonl:FILE,prompt=KEY,completion=KEY, or "
+                                                  "parquet: so); a token file has no prompts"
                                                 : "token file %s: a loss on the assistant's turns only needs "
-                                                  "conversations (jsonl:FILE of \"messages\" lists); a token file "
-                                                  "has none", path);
+                                                  "conversations (jsonl:FILE or parquet:FILE of \"messages\" lists); "
+                                                  "a token file has none", path);
     tokset *s = calloc(1, sizeof *s);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "token file %s: out of memory", path);
