@@ -33,7 +33,8 @@ static void usage(FILE *f)
                "accuracy). DIR is a `dtrain train --save` directory (its newest complete checkpoint)\n"
                "or one step-N checkpoint. The model and data are those the checkpoint was trained\n"
                "with (a LoRA run's model with its adapters and --freeze, a --loss-mask run's loss on\n"
-               "the completions, an --assistant-only-loss run's on the assistant's turns; text data\n"
+               "the completions, an --assistant-only-loss run's on the assistant's turns, a --packing\n"
+               "off run's records one a sample; text data\n"
                "through the tokenizer.json a --tokenizer run keeps, unless --tokenizer FILE is given:\n"
                "the command says which); any `dtrain train` option\n"
                "given here overrides them (--data SPEC, --limit-test N, --batch N, --threads N,\n"
@@ -85,7 +86,7 @@ int dt_cmd_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *weights = NULL, *hf = NULL, *data_arg = NULL, *val_arg = NULL, *tok_arg = NULL;
     bool vocab_given = false;
-    bool json = false, val_given = false, mask_given = false, amask_given = false;
+    bool json = false, val_given = false, mask_given = false, amask_given = false, packing_given = false;
     int nrest = 0;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     if (!rest) {
@@ -135,6 +136,7 @@ int dt_cmd_eval(int argc, char **argv)
         vocab_given |= !strcmp(argv[i], "--vocab") || !strncmp(argv[i], "--vocab=", 8);
         mask_given |= !strcmp(argv[i], "--loss-mask");
         amask_given |= !strcmp(argv[i], "--assistant-only-loss");
+        packing_given |= !strcmp(argv[i], "--packing");
         rest[nrest++] = argv[i];
     }
     if (!ckpt && !weights && hf && *hf)
@@ -183,7 +185,7 @@ int dt_cmd_eval(int argc, char **argv)
     }
     cJSON *user = cJSON_Parse(js);
     dt_trainer_run_state_free(js);
-    char **targv = calloc((size_t)nrest + 40, sizeof *targv);
+    char **targv = calloc((size_t)nrest + 48, sizeof *targv);
     char bufs[16][64];
     int n = 0, nb = 0;
     if (!user || !targv) {
@@ -247,6 +249,12 @@ int dt_cmd_eval(int argc, char **argv)
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(user, "assistant_only_loss")) && !data_arg && !val_given &&
         !amask_given)
         targv[n++] = "--assistant-only-loss";
+    /* a --packing off run: its records evaluated one a sample */
+    const cJSON *pk = cJSON_GetObjectItemCaseSensitive(user, "packing");
+    if (cJSON_IsString(pk) && !strcmp(pk->valuestring, "off") && !data_arg && !val_given && !packing_given) {
+        targv[n++] = "--packing";
+        targv[n++] = "off";
+    }
     targv[n++] = "--progress";
     targv[n++] = "none";
     for (int i = 0; i < nrest; i++)

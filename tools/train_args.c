@@ -184,6 +184,12 @@ static const opt_def opts[] = {
      "the others are label -100; TRL's assistant_only_loss=True (transformers' assistant mask). A template without "
      "such blocks, text lines and a conversation with no assistant token are refused (exit 2); with --loss-mask on "
      "prompt/completion conversations a target must be both"},
+    {"packing", OPT_CHOICE, OFF(packing), 0, 0, "on|off", "on|off",
+     "GPT models on text data (--data text:/jsonl:/parquet:; --val-data too): on packs the records (text files, "
+     "lines, rows), each with its end-of-document token, into windows of --seq + 1 tokens (default: the windows "
+     "cross the records' edges); off makes each record one sample, as TRL's packing=False: its first --seq tokens "
+     "(TRL's max_length), padded after its end, the padding's and the last position's targets label -100 (under "
+     "causal attention the padding changes none of the record's outputs)"},
     {"loss-mask", OPT_FLAG, OFF(loss_mask), 0, 0, NULL, NULL,
      "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY] or parquet:FILE[,...] "
      "so, keys prompt and completion by default; --val-data too): the loss counts only the completion tokens and "
@@ -357,6 +363,7 @@ static void set_defaults(dt__train_opts *o)
     o->gamma = -1;        /* not given: 0.1 (dt__train_gamma) */
     o->log_every = 100;
     o->progress = "auto";
+    o->packing = "on";
     o->rng = "torch";
     o->grad_accum = 1;
     o->powersgd_start_iter = -1;
@@ -600,7 +607,6 @@ static const struct {
     {"completion-only-loss", "--loss-mask"},
     {"dataset-text-field", "--data jsonl:FILE,field=KEY"},
     {"max-length", "--seq T"},
-    {"packing", "none is needed: text and conversations are always packed into windows of --seq tokens"},
 };
 
 /* An unknown option: one line naming it, with the nearest known option or
@@ -803,6 +809,12 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --assistant-only-loss takes GPT models on conversations: --data (and --val-data) "
                     "jsonl:FILE[,FILE...] or parquet:FILE[,FILE...] of \"messages\" lists, with a tokenizer that has "
                     "a chat template\n");
+        return 2;
+    }
+    if (!strcmp(o->packing, "off") &&
+        (!lm || !lm_text_spec(o->data) || (o->val_data && !lm_text_spec(o->val_data)))) {
+        dt__cli_err("dtrain train: --packing off makes each record of text data one sample: --data (and --val-data) "
+                    "text:, jsonl: or parquet: with a tokenizer (a token file has no records)\n");
         return 2;
     }
     if (o->loss_mask && (!lm || !records_spec(o->data) || (o->val_data && !records_spec(o->val_data)))) {

@@ -81,6 +81,8 @@ int dt__tr_make_user_json(dt__train_run *t)
             snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"loss_mask\":true");
         if (t->o.assistant_only_loss) /* likewise the targets outside the assistant's turns */
             snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"assistant_only_loss\":true");
+        if (!strcmp(t->o.packing, "off")) /* and one record a sample */
+            snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"packing\":\"off\"");
     } else if (t->o.mlp_dim || t->o.mlp_hidden) { /* the MLP's widths (0: the default) */
         snprintf(lm, sizeof lm, ",\"mlp_dim\":%lld,\"mlp_hidden\":%lld", (long long)t->o.mlp_dim,
                  (long long)t->o.mlp_hidden);

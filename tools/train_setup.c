@@ -567,6 +567,7 @@ int dt__tr_setup_data(dt__train_run *t)
         kp.vocab_size = t->desc.input_classes;
         kp.completion_only_loss = t->o.loss_mask; /* prompt positions get label -100: the loss skips them */
         kp.assistant_only_loss = t->o.assistant_only_loss; /* and those outside the assistant's turns */
+        kp.per_record = !strcmp(t->o.packing, "off"); /* one record a sample, padded */
         const char *vspec = t->o.val_data ? t->o.val_data : t->o.data, *val = vspec + 7;
         if ((st = lm_data_open(t, t->o.data, &kp, &t->base_train)) >= 0 &&
             (st = lm_data_open(t, vspec, &kp, &t->base_test)) < 0)

@@ -384,6 +384,19 @@ typedef struct dt_tokens_params {
                               lines, token files, a template without such
                               blocks and a conversation with no assistant
                               token (DT_ERR_INVALID_ARG). Default false */
+    bool per_record;       /* dt_dataset_text_open: no packing (TRL's
+                              packing=False): item i is record i (a jsonl line,
+                              a parquet row, a text: file; with its
+                              end-of-document token where it has one), its
+                              first seq_len tokens (TRL's max_length) as x,
+                              the rest of x padded; y the next tokens, the
+                              last position's target and the padding's
+                              DT_K_IGNORE_INDEX. Under causal attention
+                              the padding after a record changes none of its
+                              outputs, so the loss is TRL's on right-padded
+                              batches. stride must be 0; token files have no
+                              records (refused). Default false: the records
+                              packed into windows */
 } dt_tokens_params;
 DT_API dt_tokens_params dt_tokens_params_default(void);
 /* Item i is the window of T + 1 tokens starting at i * stride: x = its

@@ -37,6 +37,7 @@
 typedef struct textset {
     uint32_t *tok;
     uint8_t *counted; /* completion_only_loss: 1 where the token is a counted target, else NULL */
+    int64_t *rec;     /* per_record: record r is tok[rec[r], rec[r + 1]) (n + 1 entries), else NULL */
     int64_t count, T, stride, n;
 } textset;
 
@@ -44,11 +45,14 @@ static int64_t ts_length(void *self) { return ((textset *)self)->n; }
 
 static void ts_window(const textset *s, int64_t i, int64_t *x, int64_t *y)
 {
-    const uint32_t *w = s->tok + i * s->stride;
-    const uint8_t *c = s->counted ? s->counted + i * s->stride : NULL;
+    const int64_t at = s->rec ? s->rec[i] : i * s->stride;
+    const uint32_t *w = s->tok + at;
+    const uint8_t *c = s->counted ? s->counted + at : NULL;
+    /* a record: its first T tokens (at most), padded with its last; T + 1 of a window */
+    const int64_t len = s->rec ? (s->rec[i + 1] - at < s->T ? s->rec[i + 1] - at : s->T) : s->T + 1;
     for (int64_t k = 0; k < s->T; k++) {
-        x[k] = w[k];
-        y[k] = c && !c[k + 1] ? DT_K_IGNORE_INDEX : (int64_t)w[k + 1];
+        x[k] = k < len ? w[k] : w[len - 1];
+        y[k] = k + 1 >= len || (c && !c[k + 1]) ? DT_K_IGNORE_INDEX : (int64_t)w[k + 1];
     }
 }
 
@@ -73,6 +77,7 @@ static void ts_free(void *self)
         return;
     free(s->tok);
     free(s->counted);
+    free(s->rec);
     free(s);
 }
 
@@ -124,7 +129,27 @@ typedef struct acc {
     uint8_t *counted; /* with mask: one byte per token */
     bool mask;
     int64_t n, cap;
+    int64_t *rec; /* per_record: where each record starts (nrec of them), else NULL */
+    int64_t nrec, reccap;
+    bool per_record;
 } acc;
+
+/* per_record: a record starts at the next token. */
+static dt_status start_record(acc *a, const char *where)
+{
+    if (!a->per_record)
+        return DT_OK;
+    if (a->nrec + 2 > a->reccap) { /* one more: the end */
+        int64_t cap = a->reccap ? 2 * a->reccap : 1024;
+        int64_t *r = realloc(a->rec, (size_t)cap * sizeof *r);
+        if (!r)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory (%lld records)", where, (long long)cap);
+        a->rec = r;
+        a->reccap = cap;
+    }
+    a->rec[a->nrec++] = a->n;
+    return DT_OK;
+}
 
 /* Encode text and append its ids (counted: are they targets the loss
  * counts), then the end-of-document id (always counted) when end. */
@@ -166,10 +191,11 @@ static dt_status add_text(acc *a, const dt_tokenizer *t, const char *text, size_
     return DT_OK;
 }
 
-/* One document and the end-of-document id. */
+/* One document and the end-of-document id (one record). */
 static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char *text, size_t n, const char *where)
 {
-    return add_text(a, t, text, n, true, true, eos, where);
+    dt_status st = start_record(a, where);
+    return st < 0 ? st : add_text(a, t, text, n, true, true, eos, where);
 }
 
 /* The keys of a record (a jsonl line, a parquet row): field (one document), or prompt and completion. */
@@ -294,7 +320,7 @@ static dt_status add_chat(acc *a, const dt_tokenizer *t, const cJSON *o, const c
 static dt_status add_record(acc *a, const dt_tokenizer *t, uint32_t eos, const cJSON *o, const jkeys *keys,
                             const char *where)
 {
-    dt_status st = DT_OK;
+    dt_status st = start_record(a, where);
     const char *pr = NULL, *co = NULL;
     const cJSON *fv = cJSON_GetObjectItemCaseSensitive(o, keys->prompt ? keys->prompt : keys->field);
     const cJSON *cv = keys->prompt ? cJSON_GetObjectItemCaseSensitive(o, keys->completion) : NULL;
@@ -302,6 +328,8 @@ static dt_status add_record(acc *a, const dt_tokenizer *t, uint32_t eos, const c
     if (!keys->prompt && !fv && !keys->field_given && cJSON_IsArray(msgs))
         fv = msgs; /* TRL's conversational language modeling: {"messages": [...]} */
     const bool chat = cJSON_IsArray(fv) && (!keys->prompt || cJSON_IsArray(cv));
+    if (st < 0)
+        return st;
     if (!cJSON_IsObject(o))
         st = dt_error(DT_ERR_FORMAT, "%s: want a JSON object, one a line", where);
     else if (chat)
@@ -397,6 +425,9 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
                         ",prompt=KEY,completion=KEY] or parquet:FILE[,FILE...] with the same keys", spec);
     if (p->seq_len < 1 || p->seq_len > (1 << 24) || p->stride < 0 || p->vocab_size < 0)
         return dt_error(DT_ERR_INVALID_ARG, "data %s: need 1 <= seq_len <= 2^24, stride >= 0, vocab_size >= 0", spec);
+    if (p->per_record && p->stride)
+        return dt_error(DT_ERR_INVALID_ARG, "data %s: one record an item (no packing) takes no stride (the records "
+                        "are not cut into windows)", spec);
     if (p->vocab_size && dt_tokenizer_vocab_size(t) > p->vocab_size)
         return dt_error(DT_ERR_FORMAT, "data %s: the tokenizer has %lld ids, more than the vocab size %lld", spec,
                         (long long)dt_tokenizer_vocab_size(t), (long long)p->vocab_size);
@@ -455,7 +486,7 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     keys.assistant_only = p->assistant_only_loss;
     if (!keys.field)
         keys.field = "text";
-    acc a = {.mask = p->completion_only_loss || p->assistant_only_loss};
+    acc a = {.mask = p->completion_only_loss || p->assistant_only_loss, .per_record = p->per_record};
     size_t left = strlen(spec + plen) + 1;
     for (char *s = list; st == DT_OK && s < list + left; s += strlen(s) + 1) {
         if (!strncmp(s, "field=", 6) || !strncmp(s, "prompt=", 7) || !strncmp(s, "completion=", 11))
@@ -484,6 +515,7 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     if (st < 0) {
         free(a.tok);
         free(a.counted);
+        free(a.rec);
         return st;
     }
     s->tok = a.tok;
@@ -492,6 +524,16 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     s->T = p->seq_len;
     s->stride = p->stride ? p->stride : p->seq_len;
     s->n = a.n >= s->T + 1 ? (a.n - s->T - 1) / s->stride + 1 : 0;
+    if (a.per_record) { /* every record with a token an item (an empty one, a template that wrote nothing: none) */
+        int64_t kept = 0;
+        for (int64_t r = 0; r < a.nrec; r++)
+            if ((r + 1 < a.nrec ? a.rec[r + 1] : a.n) > a.rec[r])
+                a.rec[kept++] = a.rec[r];
+        s->rec = a.rec;
+        s->n = kept;
+        if (s->rec)
+            s->rec[kept] = a.n;
+    }
     dt_dataset_info info = {.x_dtype = DT_I64,
                             .x_ndim = 1,
                             .x_shape = {s->T},

@@ -248,6 +248,81 @@ TEST(prompt_completion_mask)
     dt_tokenizer_free(t);
 }
 
+/* No packing (per_record, TRL's packing=False): item d is record d's first T tokens, padded; its targets the next
+ * tokens, the last position's and the padding's -100 (and the prompt's with completion_only_loss); a longer record
+ * is cut (TRL's max_length); text: files are one record each; a stride is refused. */
+TEST(per_record)
+{
+    dt_tokenizer *t = load();
+    ASSERT(t != NULL);
+    uint32_t eos;
+    ASSERT_OK(dt_tokenizer_eos(t, &eos));
+    const char *pr[3] = {"Question: who created the heaven?\nAnswer:", "Say hi.", "Empty answer:"};
+    const char *co[3] = {" God created the heaven and the earth.", " hi \xce\xb1", ""};
+    write_file(tp(0, "pr.jsonl"),
+               "{\"prompt\": \"Question: who created the heaven?\\nAnswer:\", \"completion\": \" God created the "
+               "heaven and the earth.\"}\n\n{\"completion\": \" hi \\u03b1\", \"prompt\": \"Say hi.\"}\n"
+               "{\"prompt\": \"Empty answer:\", \"completion\": \"\"}\n");
+    int64_t tok[3][64], lab[3][64], len[3] = {0, 0, 0};
+    for (int d = 0; d < 3; d++)
+        for (int part = 0; part < 2; part++) {
+            uint32_t *ids;
+            int64_t ni;
+            const char *txt = part ? co[d] : pr[d];
+            ASSERT_OK(dt_tokenizer_encode(t, txt, strlen(txt), false, &ids, &ni));
+            for (int64_t i = 0; i < ni; i++, len[d]++)
+                tok[d][len[d]] = ids[i], lab[d][len[d]] = part ? (int64_t)ids[i] : -100;
+            free(ids);
+            if (part)
+                tok[d][len[d]] = lab[d][len[d]] = eos, len[d]++;
+        }
+    const int64_t T = 12;
+    ASSERT(len[0] > T && len[1] < T && len[2] < T); /* one cut, two padded */
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = T;
+    kp.per_record = true;
+    char spec[1400];
+    snprintf(spec, sizeof spec, "jsonl:%s,prompt=prompt,completion=completion", p_[0]);
+    for (int masked = 0; masked < 2; masked++) {
+        kp.completion_only_loss = masked;
+        dt_dataset *ds;
+        ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+        ASSERT_EQ_INT(dt_dataset_length(ds), 3);
+        for (int d = 0; d < 3; d++) {
+            int64_t x[12], y[12];
+            ASSERT_OK(dt_dataset_get_item(ds, d, x, y));
+            const int64_t n = len[d] < T ? len[d] : T;
+            for (int64_t k = 0; k < T; k++) {
+                ASSERT_EQ_INT(x[k], tok[d][k < n ? k : n - 1]);
+                ASSERT_EQ_INT(y[k], k + 1 >= n ? -100 : masked ? lab[d][k + 1] : tok[d][k + 1]);
+            }
+        }
+        dt_dataset_free(ds);
+    }
+    /* text: files, one record each */
+    write_file(tp(1, "one.txt"), "In the beginning");
+    write_file(tp(2, "two.txt"), "God created the heaven and the earth, and the earth was without form.");
+    snprintf(spec, sizeof spec, "text:%s,%s", p_[1], p_[2]);
+    kp.completion_only_loss = false;
+    dt_dataset *ds;
+    ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+    ASSERT_EQ_INT(dt_dataset_length(ds), 2);
+    const char *docs[] = {"In the beginning"};
+    int64_t want[64], x[12], y[12];
+    const int64_t nw = expect(t, docs, 1, eos, want);
+    ASSERT_OK(dt_dataset_get_item(ds, 0, x, y));
+    for (int64_t k = 0; k < T; k++) {
+        ASSERT_EQ_INT(x[k], want[k < nw ? k : nw - 1]);
+        ASSERT_EQ_INT(y[k], k + 1 < nw ? want[k + 1] : -100);
+    }
+    ASSERT_OK(dt_dataset_get_item(ds, 1, x, y));
+    ASSERT(y[T - 2] != -100 && y[T - 1] == -100); /* cut: the last position has no target */
+    dt_dataset_free(ds);
+    kp.stride = 1;
+    ASSERT_EQ_INT(open_fails(0, spec, t, &kp, DT_ERR_INVALID_ARG, "takes no stride"), 0);
+    dt_tokenizer_free(t);
+}
+
 /* Prompt/completion mistakes name the line, the key, the option. */
 TEST(prompt_completion_bad)
 {
@@ -303,6 +378,7 @@ int main(void)
     RUN(text_and_jsonl);
     RUN(bad_specs_and_files);
     RUN(prompt_completion_mask);
+    RUN(per_record);
     RUN(prompt_completion_bad);
     t_rm_rf(t_tmpdir("text_dataset"));
     return TEST_REPORT();

@@ -234,7 +234,7 @@ TEST(unknown_options_suggest)
         /* TRL's SFTConfig */
         {"--completion_only_loss", "did you mean --loss-mask"},
         {"--dataset_text_field", "did you mean --data jsonl:FILE,field=KEY"},
-        {"--packing", "(none is needed: text and conversations are always packed"},
+        {"--packing", "'1' is not one of {on|off}"}, /* TRL's bool: here on (packed windows) or off */
         {"--adam_epsilon", "did you mean --eps X"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -218,6 +218,58 @@ TEST(eval_ckpt_uses_its_tokenizer)
     ASSERT_STR_CONTAINS(r.out, "val loss");
 }
 
+/* --packing off: each record one sample (TRL's packing=False; the items themselves: data/test_text_dataset); the
+ * checkpoint keeps it for eval --ckpt (the same loss as with --packing off given, another packed); a token file has
+ * no records (exit 2). */
+TEST(train_no_packing)
+{
+    char tok[1024];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    char *j = tp(0, "np.jsonl"), *ck = tp(3, "np_ck");
+    char lines[4096] = "";
+    for (int i = 0; i < 12; i++)
+        snprintf(lines + strlen(lines), sizeof lines - strlen(lines),
+                 "{\"prompt\": \"Who divided the light from the darkness? (%d)\", \"completion\": \" God%.*s\"}\n", i,
+                 i, " and the darkness");
+    write_file(j, lines, strlen(lines));
+    char data[700];
+    snprintf(data, sizeof data, "jsonl:%s", j);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--loss-mask",
+                        "--packing", "off", "--tokenizer", tok, "--batch", "4", "--seq", "32", "--max-steps", "2",
+                        "--threads", "1", "--save", ck, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "12 items"); /* the records, not windows of the stream */
+    double loss[3];
+    for (int k = 0; k < 3; k++) {
+        char *argv[20] = {"eval", "--ckpt", ck, "--tokenizer", tok, "--json"};
+        int a = 6;
+        if (k)
+            argv[a++] = "--data", argv[a++] = data, argv[a++] = "--val-data", argv[a++] = data,
+            argv[a++] = "--loss-mask";
+        if (k == 1)
+            argv[a++] = "--packing", argv[a++] = "off";
+        cli_runv(&r, 60, NULL, argv);
+        if (r.code != 0)
+            fprintf(stderr, "eval %d: %s\n%s\n", k, r.out, r.err);
+        ASSERT_EQ_INT(r.code, 0);
+        const char *l = strstr(r.out, "\"loss\":");
+        ASSERT(l != NULL);
+        loss[k] = strtod(l + 7, NULL);
+        if (k == 0)
+            ASSERT_STR_CONTAINS(r.out, "\"items\":12");
+    }
+    ASSERT(loss[0] == loss[1]);
+    ASSERT(fabs(loss[2] - loss[0]) > 1e-3);
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", "tokens:x.bin", "--packing", "off",
+                                      "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--packing off makes each record of text data one sample");
+}
+
 /* --loss-mask: prompt/completion jsonl trains with the loss on the
  * completions only (the value itself: nn/test_loss_mask); mistakes are
  * exit 2 naming the line, the key or the option. */
@@ -950,6 +1002,7 @@ int main(void)
     RUN(train_on_text);
     RUN(eval_ckpt_uses_its_tokenizer);
     RUN(train_loss_mask);
+    RUN(train_no_packing);
     RUN(generate_with_tokenizer);
     RUN(generate_stops_at_the_tokenizers_eos);
     RUN(chat_template_cli);
