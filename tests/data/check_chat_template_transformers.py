@@ -130,7 +130,8 @@ GEN_TEMPLATES = {
 
 class Params(ctypes.Structure):
     _fields_ = [("seq_len", ctypes.c_int64), ("stride", ctypes.c_int64), ("vocab_size", ctypes.c_int64),
-                ("completion_only_loss", ctypes.c_bool), ("assistant_only_loss", ctypes.c_bool)]
+                ("completion_only_loss", ctypes.c_bool), ("assistant_only_loss", ctypes.c_bool),
+                ("per_record", ctypes.c_bool)]
 
 
 lib.dt_tokens_params_default.restype = Params
