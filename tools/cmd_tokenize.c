@@ -23,7 +23,7 @@ static void usage(FILE *f)
             "       dtrain tokenize --vocab VOCAB --decode TOKENS.bin -o TEXT\n"
             "       dtrain tokenize --unigram TRAIN.bin [EVAL.bin] [--vocab VOCAB]\n"
             "       dtrain tokenize --tokenizer FILE --show SPEC [--loss-mask] [--assistant-only-loss]\n"
-            "                       [--show-tokens N]\n"
+            "                       [--show-tokens N] [--packing off --seq T]\n"
             "       (--tokenizer TOKENIZER.json in place of --vocab VOCAB everywhere)\n"
             "  --train-vocab N    learn a byte-level BPE of N ids (256..65536: the 256 bytes and N-256\n"
             "                     merges) from CORPUS and write the vocab file VOCAB; a VOCAB named\n"
@@ -52,7 +52,8 @@ static void usage(FILE *f)
             "                     text, the targets the loss skips (label -100) inside \u27e6 \u27e7: a\n"
             "                     conversation through the chat template, --loss-mask's prompts and\n"
             "                     --assistant-only-loss's turns other than the assistant's (as train takes\n"
-            "                     those options)\n"
+            "                     those options); with --packing off --seq T also the samples train makes of\n"
+            "                     the records then (one each: its first T tokens) and the targets they count\n"
             "  -o FILE            the output; written atomically (complete or absent), never\n"
             "                     through a symlink\n"
             "  e.g. bible Gen1:1-Rev22:21 > kjv.txt\n"
@@ -243,9 +244,42 @@ static int unigram_baseline(const char *train, const char *eval, const char *voc
     return rc;
 }
 
+/* --packing off --seq T: the samples of the records (per_record) and the targets they count, printed. */
+static int show_records(const dt_tokenizer *t, const char *spec, dt_tokens_params kp, int64_t T)
+{
+    dt_dataset *ds = NULL;
+    kp.seq_len = T;
+    kp.stride = 0;
+    kp.per_record = true;
+    int64_t *x = malloc((size_t)T * sizeof *x), *y = malloc((size_t)T * sizeof *y), counted = 0;
+    int rc = x && y ? 0 : 1;
+    if (rc == 0 && dt_dataset_text_open(spec, t, &kp, &ds) < 0)
+        rc = dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
+    const int64_t items = ds ? dt_dataset_length(ds) : 0;
+    for (int64_t i = 0; rc == 0 && i < items; i++) {
+        if (dt_dataset_get_item(ds, i, x, y) < 0) {
+            rc = 1;
+            break;
+        }
+        for (int64_t k = 0; k < T; k++)
+            counted += y[k] != DT_K_IGNORE_INDEX;
+    }
+    if (rc)
+        dt__cli_err("dtrain tokenize: --show %s: %s\n", spec, rc == 1 && !x ? "out of memory" : dt_last_error());
+    else
+        printf("--packing off --seq %lld: %lld samples (one a record, its first %lld tokens), %lld targets the loss "
+               "counts (%.1f%% of the positions)\n", (long long)T, (long long)items, (long long)T,
+               (long long)counted, items ? 100.0 * (double)counted / ((double)items * (double)T) : 0.0);
+    dt_dataset_free(ds);
+    free(x);
+    free(y);
+    return rc;
+}
+
 /* --show SPEC: the data set dtrain train builds from SPEC, its first n tokens as text with the targets the loss
- * skips marked. */
-static int show_data(const char *spec, const char *tokenizer, bool loss_mask, bool assistant_only, int64_t n)
+ * skips marked; T > 0: also its records as --packing off --seq T makes them samples (show_records). */
+static int show_data(const char *spec, const char *tokenizer, bool loss_mask, bool assistant_only, int64_t n,
+                     int64_t T)
 {
     dt_tokenizer *t = NULL;
     dt_dataset *ds = NULL;
@@ -310,6 +344,8 @@ static int show_data(const char *spec, const char *tokenizer, bool loss_mask, bo
     }
     if (rc == 0)
         putchar('\n');
+    if (rc == 0 && T > 0)
+        rc = show_records(t, spec, kp, T);
     free(ids);
     free(skip);
     dt_dataset_free(ds);
@@ -321,7 +357,7 @@ int dt_cmd_tokenize(int argc, char **argv)
 {
     const char *train_vocab = NULL, *vocab = NULL, *decode = NULL, *out = NULL, *val_out = NULL,
                *corpus = NULL, *val_frac_s = NULL, *min_count_s = NULL, *unigram = NULL, *tokenizer = NULL,
-               *show = NULL, *show_n = NULL;
+               *show = NULL, *show_n = NULL, *packing = NULL, *seq = NULL;
     bool loss_mask = false, assistant_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -339,6 +375,10 @@ int dt_cmd_tokenize(int argc, char **argv)
             dst = &show;
         else if (!strcmp(a, "--show-tokens"))
             dst = &show_n;
+        else if (!strcmp(a, "--packing"))
+            dst = &packing;
+        else if (!strcmp(a, "--seq"))
+            dst = &seq;
         else if (!strcmp(a, "--train-vocab"))
             dst = &train_vocab;
         else if (!strcmp(a, "--vocab"))
@@ -377,9 +417,17 @@ int dt_cmd_tokenize(int argc, char **argv)
         dt__cli_err("dtrain tokenize: give --vocab VOCAB or --tokenizer FILE, not both\n");
         return 2;
     }
-    if ((loss_mask || assistant_only || show_n) && !show) {
+    if ((loss_mask || assistant_only || show_n || packing || seq) && !show) {
         dt__cli_err("dtrain tokenize: %s goes with --show SPEC\n",
-                    loss_mask ? "--loss-mask" : assistant_only ? "--assistant-only-loss" : "--show-tokens");
+                    loss_mask ? "--loss-mask" : assistant_only ? "--assistant-only-loss" : show_n ? "--show-tokens"
+                    : packing ? "--packing" : "--seq");
+        return 2;
+    }
+    int64_t T = 0;
+    if (show && (packing || seq) &&
+        (!packing || strcmp(packing, "off") || !seq || dt_parse_int("--seq", seq, 1, 1 << 24, &T) < 0)) {
+        dt__cli_err("dtrain tokenize: --show SPEC takes --packing off with --seq T (T >= 1): the samples train "
+                    "makes of the records at --seq T\n");
         return 2;
     }
     if (show) {
@@ -387,14 +435,14 @@ int dt_cmd_tokenize(int argc, char **argv)
         if (!tokenizer || vocab || corpus || out || train_vocab || decode || unigram || val_out || val_frac_s ||
             min_count_s) {
             dt__cli_err("dtrain tokenize: --show SPEC goes with --tokenizer FILE alone (and --loss-mask, "
-                        "--assistant-only-loss, --show-tokens N)\n");
+                        "--assistant-only-loss, --show-tokens N, --packing off --seq T)\n");
             return 2;
         }
         if (show_n && dt_parse_int("--show-tokens", show_n, 0, 1 << 24, &n) < 0) {
             dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
             return 2;
         }
-        return show_data(show, tokenizer, loss_mask, assistant_only, n);
+        return show_data(show, tokenizer, loss_mask, assistant_only, n, T);
     }
     if (unigram)
         return unigram_baseline(unigram, corpus, vocab, tokenizer,

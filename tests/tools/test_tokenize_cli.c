@@ -268,6 +268,26 @@ TEST(train_no_packing)
                                       "--max-steps", "1", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--packing off makes each record of text data one sample");
+    /* tokenize --show ... --packing off --seq T: the samples and their counted targets (every completion within
+       64 tokens, none within 4: the prompts are longer) */
+    long long packed = -1, counted[2] = {-1, -1};
+    for (int k = 0; k < 2; k++) {
+        cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", tok, "--show", data, "--loss-mask",
+                                          "--show-tokens", "0", "--packing", "off", "--seq", k ? "4" : "64", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        const char *c = strstr(r.out, " of them targets the loss counts"), *p = c;
+        while (p && p > r.out && p[-1] != ' ')
+            p--;
+        packed = p ? atoll(p) : -1;
+        const char *q = strstr(r.out, "samples (one a record");
+        ASSERT(q != NULL && strstr(r.out, "12 samples") != NULL);
+        q = strstr(q, "tokens), ");
+        counted[k] = q ? atoll(q + 9) : -1;
+    }
+    ASSERT(packed > 0 && counted[0] == packed && counted[1] == 0);
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", tok, "--show", data, "--packing", "off", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "takes --packing off with --seq T");
 }
 
 /* --loss-mask: prompt/completion jsonl trains with the loss on the
