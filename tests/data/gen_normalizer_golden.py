@@ -84,10 +84,16 @@ def nfd(text):
     return bytelevel_train(tok, text, 600)
 
 
-def llama2(text):
-    norm = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+def sp_bpe(text, dec, norm=None, pre=None):
+    """SentencePiece-style BPE (byte_fallback, fuse_unk; ids 0-2 <unk> <s> </s>, then the 256 byte tokens, then the
+    learned ones) trained under normalizer norm and pre-tokenizer pre, with decoder dec and TemplateProcessing
+    "<s> $A"
+    """
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.normalizer = norm
+    if norm is not None:
+        tok.normalizer = norm
+    if pre is not None:
+        tok.pre_tokenizer = pre
     tr = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60,
                              show_progress=False)
     tok.train_from_iterator(text.splitlines(), trainer=tr)
@@ -102,13 +108,22 @@ def llama2(text):
     j["model"]["vocab"] = vocab
     j["added_tokens"] = [{"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>")]
-    j["pre_tokenizer"] = None
-    j["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    if pre is None:
+        j["pre_tokenizer"] = None
+    j["decoder"] = dec
     tok = Tokenizer.from_str(json.dumps(j))
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return tok
+
+
+LLAMA2_DECODER = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+    {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+
+
+def llama2(text):
+    return sp_bpe(text, LLAMA2_DECODER,
+                  norm=normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]))
 
 
 def gemma(text):
@@ -140,45 +155,16 @@ def gemma(text):
     return tok
 
 
-def metaspace_bpe(text, pre, dec):
-    """SentencePiece-style BPE (byte_fallback, <unk> <s> </s> then the 256 byte tokens) under a Metaspace
-    pre-tokenizer pre, with decoder dec"""
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.pre_tokenizer = pre
-    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60,
-                             show_progress=False)
-    tok.train_from_iterator(text.splitlines(), trainer=tr)
-    j = json.loads(tok.to_str())
-    old = j["model"]["vocab"]
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for b in range(256):
-        vocab["<0x%02X>" % b] = len(vocab)
-    for t, _ in sorted(old.items(), key=lambda kv: kv[1]):
-        if t not in vocab:
-            vocab[t] = len(vocab)
-    j["model"]["vocab"] = vocab
-    j["added_tokens"] = [{"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>")]
-    j["decoder"] = dec
-    tok = Tokenizer.from_str(json.dumps(j))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return tok
-
-
 def mistral3(text):
-    return metaspace_bpe(text, pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
-                         {"type": "Sequence", "decoders": [
-                             {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-                             {"type": "ByteFallback"}, {"type": "Fuse"},
-                             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})
+    return sp_bpe(text, LLAMA2_DECODER,
+                  pre=pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False))
 
 
 def metaspace(text):
-    return metaspace_bpe(text, pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
-                         {"type": "Sequence", "decoders": [
-                             {"type": "ByteFallback"}, {"type": "Fuse"},
-                             {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
-                              "split": True}]})
+    return sp_bpe(text, {"type": "Sequence", "decoders": [
+                      {"type": "ByteFallback"}, {"type": "Fuse"},
+                      {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}]},
+                  pre=pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True))
 
 
 MAKERS = (("qwen2", qwen2), ("nfkc", nfkc), ("nfd", nfd), ("llama2", llama2), ("gemma", gemma),
