@@ -172,6 +172,29 @@ TEST(bad_specs_and_files)
     dt_tokenizer_free(t);
 }
 
+/* The prompt/completion records of the tests below (as their jsonl files write them) */
+static const char *const g_pr[3] = {"Question: who created the heaven?\nAnswer:", "Say hi.", "Empty answer:"};
+static const char *const g_co[3] = {" God created the heaven and the earth.", " hi \xce\xb1", ""};
+
+/* Record d's tokens (its prompt's, its completion's, eos) into tok and the label each has as a target (-100: a
+ * prompt token) into lab; their number (-1: an encoding error). */
+static int64_t pc_record(const dt_tokenizer *t, int d, uint32_t eos, int64_t *tok, int64_t *lab)
+{
+    int64_t n = 0;
+    for (int part = 0; part < 2; part++) {
+        uint32_t *ids;
+        int64_t ni;
+        const char *txt = part ? g_co[d] : g_pr[d];
+        if (dt_tokenizer_encode(t, txt, strlen(txt), false, &ids, &ni) < 0)
+            return -1;
+        for (int64_t i = 0; i < ni; i++, n++)
+            tok[n] = ids[i], lab[n] = part ? (int64_t)ids[i] : -100;
+        free(ids);
+    }
+    tok[n] = lab[n] = eos;
+    return n + 1;
+}
+
 /* Prompt/completion lines: prompt ids, completion ids, eos; with
  * completion_only_loss the targets that are prompt tokens are -100 (the
  * loss's ignore_index), the completion and eos targets are the ids. */
@@ -181,26 +204,17 @@ TEST(prompt_completion_mask)
     ASSERT(t != NULL);
     uint32_t eos;
     ASSERT_OK(dt_tokenizer_eos(t, &eos));
-    const char *pr[3] = {"Question: who created the heaven?\nAnswer:", "Say hi.", "Empty answer:"};
-    const char *co[3] = {" God created the heaven and the earth.", " hi \xce\xb1", ""};
     write_file(tp(0, "pc.jsonl"),
                "{\"q\": \"Question: who created the heaven?\\nAnswer:\", \"a\": \" God created the heaven and the "
                "earth.\", \"id\": 7}\n\n"
                "{\"a\": \" hi \\u03b1\", \"q\": \"Say hi.\"}\n"
                "{\"q\": \"Empty answer:\", \"a\": \"\"}\n");
     int64_t tok[256], lab[256], n = 0;
-    for (int d = 0; d < 3; d++) /* the expected stream and the label each token has as a target */
-        for (int part = 0; part < 2; part++) {
-            uint32_t *ids;
-            int64_t ni;
-            const char *txt = part ? co[d] : pr[d];
-            ASSERT_OK(dt_tokenizer_encode(t, txt, strlen(txt), false, &ids, &ni));
-            for (int64_t i = 0; i < ni; i++, n++)
-                tok[n] = ids[i], lab[n] = part ? (int64_t)ids[i] : -100;
-            free(ids);
-            if (part)
-                tok[n] = lab[n] = eos, n++;
-        }
+    for (int d = 0; d < 3; d++) { /* the expected stream and the label each token has as a target */
+        const int64_t k = pc_record(t, d, eos, tok + n, lab + n);
+        ASSERT(k > 0);
+        n += k;
+    }
     ASSERT(n > 20);
     const int64_t T = 5;
     dt_tokens_params kp = dt_tokens_params_default();
@@ -257,25 +271,13 @@ TEST(per_record)
     ASSERT(t != NULL);
     uint32_t eos;
     ASSERT_OK(dt_tokenizer_eos(t, &eos));
-    const char *pr[3] = {"Question: who created the heaven?\nAnswer:", "Say hi.", "Empty answer:"};
-    const char *co[3] = {" God created the heaven and the earth.", " hi \xce\xb1", ""};
     write_file(tp(0, "pr.jsonl"),
                "{\"prompt\": \"Question: who created the heaven?\\nAnswer:\", \"completion\": \" God created the "
                "heaven and the earth.\"}\n\n{\"completion\": \" hi \\u03b1\", \"prompt\": \"Say hi.\"}\n"
                "{\"prompt\": \"Empty answer:\", \"completion\": \"\"}\n");
-    int64_t tok[3][64], lab[3][64], len[3] = {0, 0, 0};
+    int64_t tok[3][64], lab[3][64], len[3];
     for (int d = 0; d < 3; d++)
-        for (int part = 0; part < 2; part++) {
-            uint32_t *ids;
-            int64_t ni;
-            const char *txt = part ? co[d] : pr[d];
-            ASSERT_OK(dt_tokenizer_encode(t, txt, strlen(txt), false, &ids, &ni));
-            for (int64_t i = 0; i < ni; i++, len[d]++)
-                tok[d][len[d]] = ids[i], lab[d][len[d]] = part ? (int64_t)ids[i] : -100;
-            free(ids);
-            if (part)
-                tok[d][len[d]] = lab[d][len[d]] = eos, len[d]++;
-        }
+        len[d] = pc_record(t, d, eos, tok[d], lab[d]);
     const int64_t T = 12;
     ASSERT(len[0] > T && len[1] < T && len[2] < T); /* one cut, two padded */
     dt_tokens_params kp = dt_tokens_params_default();
