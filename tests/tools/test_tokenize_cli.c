@@ -218,6 +218,21 @@ TEST(eval_ckpt_uses_its_tokenizer)
     ASSERT_STR_CONTAINS(r.out, "val loss");
 }
 
+/* The loss `dtrain eval --ckpt ck --tokenizer tok --json` prints with the further arguments extra (NULL-ended, at
+ * most 12); NAN (said on stderr) when it fails. r: the run. */
+static double eval_ckpt_loss(const char *ck, const char *tok, char *const *extra, cli_result *r)
+{
+    char *argv[20] = {"eval", "--ckpt", (char *)ck, "--tokenizer", (char *)tok, "--json"};
+    int a = 6;
+    for (int i = 0; extra[i] && a < 19; i++)
+        argv[a++] = extra[i];
+    cli_runv(r, 60, NULL, argv);
+    const char *l = r->code == 0 ? strstr(r->out, "\"loss\":") : NULL;
+    if (!l)
+        fprintf(stderr, "eval --ckpt %s: %d %s\n%s\n", ck, r->code, r->out, r->err);
+    return l ? strtod(l + 7, NULL) : NAN;
+}
+
 /* --packing off: each record one sample (TRL's packing=False; the items themselves: data/test_text_dataset); the
  * checkpoint keeps it for eval --ckpt (the same loss as with --packing off given, another packed); a token file has
  * no records (exit 2). */
@@ -243,27 +258,14 @@ TEST(train_no_packing)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "12 items"); /* the records, not windows of the stream */
-    double loss[3];
-    for (int k = 0; k < 3; k++) {
-        char *argv[20] = {"eval", "--ckpt", ck, "--tokenizer", tok, "--json"};
-        int a = 6;
-        if (k)
-            argv[a++] = "--data", argv[a++] = data, argv[a++] = "--val-data", argv[a++] = data,
-            argv[a++] = "--loss-mask";
-        if (k == 1)
-            argv[a++] = "--packing", argv[a++] = "off";
-        cli_runv(&r, 60, NULL, argv);
-        if (r.code != 0)
-            fprintf(stderr, "eval %d: %s\n%s\n", k, r.out, r.err);
-        ASSERT_EQ_INT(r.code, 0);
-        const char *l = strstr(r.out, "\"loss\":");
-        ASSERT(l != NULL);
-        loss[k] = strtod(l + 7, NULL);
-        if (k == 0)
-            ASSERT_STR_CONTAINS(r.out, "\"items\":12");
-    }
-    ASSERT(loss[0] == loss[1]);
-    ASSERT(fabs(loss[2] - loss[0]) > 1e-3);
+    const double kept = eval_ckpt_loss(ck, tok, (char *[]){NULL}, &r);
+    ASSERT_STR_CONTAINS(r.out, "\"items\":12");
+    const double given = eval_ckpt_loss(ck, tok, (char *[]){"--data", data, "--val-data", data, "--loss-mask",
+                                                           "--packing", "off", NULL}, &r);
+    const double windows = eval_ckpt_loss(ck, tok, (char *[]){"--data", data, "--val-data", data, "--loss-mask",
+                                                             NULL}, &r);
+    ASSERT(!isnan(kept) && kept == given);
+    ASSERT(fabs(windows - kept) > 1e-3);
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", "tokens:x.bin", "--packing", "off",
                                       "--max-steps", "1", NULL});
     ASSERT_EQ_INT(r.code, 2);
@@ -328,24 +330,12 @@ TEST(train_loss_mask)
     ASSERT_STR_CONTAINS(r.out, "val loss");
     /* dtrain eval --ckpt evaluates as the run did (the checkpoint keeps --loss-mask): the same loss as with
      * --loss-mask given, another without it (every token counted) */
-    double loss[3];
-    for (int k = 0; k < 3; k++) {
-        char *argv[16] = {"eval", "--ckpt", ck, "--tokenizer", tok, "--json"};
-        int a = 6;
-        if (k)
-            argv[a++] = "--data", argv[a++] = data, argv[a++] = "--val-data", argv[a++] = data;
-        if (k == 1)
-            argv[a++] = "--loss-mask";
-        cli_runv(&r, 60, NULL, argv);
-        if (r.code != 0)
-            fprintf(stderr, "eval %d: %s\n%s\n", k, r.out, r.err);
-        ASSERT_EQ_INT(r.code, 0);
-        const char *l = strstr(r.out, "\"loss\":");
-        ASSERT(l != NULL);
-        loss[k] = strtod(l + 7, NULL);
-    }
-    ASSERT(loss[0] == loss[1]);
-    ASSERT(fabs(loss[2] - loss[0]) > 1e-3);
+    const double kept = eval_ckpt_loss(ck, tok, (char *[]){NULL}, &r);
+    const double given = eval_ckpt_loss(ck, tok, (char *[]){"--data", data, "--val-data", data, "--loss-mask", NULL},
+                                        &r);
+    const double all = eval_ckpt_loss(ck, tok, (char *[]){"--data", data, "--val-data", data, NULL}, &r);
+    ASSERT(!isnan(kept) && kept == given);
+    ASSERT(fabs(all - kept) > 1e-3);
     struct {
         const char *data, *val, *msg;
     } cases[] = {
