@@ -637,9 +637,12 @@ static dt_status all_merged(dt_ckpt *ck, const char *src, size_t nmerged)
 }
 
 /* The tokenizer files: path (a tokenizer.json or a directory holding one)
- * read whole into *json (its bytes, to copy) and checked by loading it;
- * *cfg and *map are tokenizer_config.json and special_tokens_map.json. */
-static dt_status read_tokenizer(const char *path, int64_t max_len, char **json, size_t *n, char **cfg, char **map)
+ * read whole into *json (its bytes, to copy) and checked by loading it
+ * with the files beside it; *cfg and *map are tokenizer_config.json and
+ * special_tokens_map.json, the former with chat_template (non-NULL) in
+ * place of the tokenizer's own. */
+static dt_status read_tokenizer(const char *path, int64_t max_len, const char *chat_template, char **json, size_t *n,
+                                char **cfg, char **map)
 {
     char full[FILE_PATH];
     struct stat sb;
@@ -669,7 +672,12 @@ static dt_status read_tokenizer(const char *path, int64_t max_len, char **json, 
     }
     close(fd);
     dt_tokenizer *t = NULL;
-    if (st == DT_OK && (st = dt_tokenizer_load_mem(buf, len, path, &t)) == DT_OK)
+    /* the files beside it too (its tokenizer_config.json's special tokens and chat template, a chat_template.jinja),
+       then the template given in place of its own */
+    if (st == DT_OK && (st = dt_tokenizer_load_mem(buf, len, path, &t)) == DT_OK &&
+        (st = dt_tokenizer_apply_beside(t, path)) == DT_OK &&
+        (!chat_template || (st = dt_tokenizer_set_chat_template(t, chat_template, strlen(chat_template),
+                                                                "the chat template given")) == DT_OK))
         st = dt_tokenizer_hf_files(t, max_len, cfg, map);
     dt_tokenizer_free(t);
     if (st < 0) {
@@ -716,7 +724,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     int nshard = 0;
     if (p.tokenizer && (st = read_tokenizer(p.tokenizer, h->is_gpt2 ? h->gpt2.block_size
                                                                       : h->llama.max_position_embeddings,
-                                            &tok, &tok_n, &tok_cfg, &tok_map)) < 0)
+                                            p.chat_template, &tok, &tok_n, &tok_cfg, &tok_map)) < 0)
         goto out;
     if (p.generation_from && (st = read_generation(p.generation_from, &gen_src, &gen_n)) < 0)
         goto out;

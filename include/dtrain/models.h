@@ -430,6 +430,8 @@ typedef struct dt_hf_save_params {
                                  AutoTokenizer.from_pretrained(out) loads it; checked by loading it
                                  before anything is written (its errors name the file and the key);
                                  NULL (default): no tokenizer files */
+    const char *chat_template; /* with tokenizer: the chat template tokenizer_config.json gets in place of the
+                                  tokenizer's own (a run's --chat-template; NULL (default): its own) */
     const char *generation_from; /* a Hugging Face model directory (an hf:DIR model's own) whose
                                     generation_config.json is written in place of the one made from h's
                                     special tokens, byte for byte, so its sampling settings (do_sample,

@@ -105,6 +105,12 @@ DT_API dt_status dt_tokenizer_load(const char *path, dt_tokenizer **out);
  * (not a JSON object, a key that is no token's text, a token the tokenizer
  * lacks) changes nothing. */
 DT_API dt_status dt_tokenizer_apply_config(dt_tokenizer *t, const char *json, size_t n, const char *name);
+/* Apply the files beside the tokenizer.json at path as dt_tokenizer_load
+ * does: a tokenizer_config.json's bos/eos tokens and chat template
+ * (dt_tokenizer_apply_config), then a chat_template.jinja, which replaces
+ * the config's template; missing files change nothing. For a tokenizer
+ * read from memory (dt_tokenizer_load_mem) whose bytes came from path. */
+DT_API dt_status dt_tokenizer_apply_beside(dt_tokenizer *t, const char *path);
 /* The same from JSON text held in memory; name is used in messages (NULL:
  * "<memory>"). */
 DT_API dt_status dt_tokenizer_load_mem(const void *json, size_t n, const char *name, dt_tokenizer **out);

@@ -922,8 +922,10 @@ dt_status dt_tokenizer_apply_config(dt_tokenizer *t, const char *json, size_t n,
 /* transformers' tokenizer.bos_token, .eos_token and .chat_template: those a tokenizer_config.json beside the
  * tokenizer.json at path names, when there is one (dt_tokenizer_apply_config), and the template of a
  * chat_template.jinja beside it, which replaces the config's (as transformers reads them). No files: nothing. */
-static dt_status read_config_tokens(const char *path, dt_tokenizer *t)
+dt_status dt_tokenizer_apply_beside(dt_tokenizer *t, const char *path)
 {
+    if (!t || !path)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_apply_beside: NULL argument");
     char cfg[4200];
     const char *slash = strrchr(path, '/');
     const int dl = slash ? (int)(slash - path) : 0;
@@ -993,7 +995,7 @@ dt_status dt_tokenizer_load(const char *path, dt_tokenizer **out)
     else
         st = dt_tokenizer_load_mem(buf, len, path, out);
     free(buf);
-    if (st >= 0 && (st = read_config_tokens(path, *out)) < 0) {
+    if (st >= 0 && (st = dt_tokenizer_apply_beside(*out, path)) < 0) {
         dt_tokenizer_free(*out);
         *out = NULL;
     }
