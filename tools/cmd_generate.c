@@ -70,7 +70,9 @@ static void usage(FILE *f)
                "                        template's further variables, as apply_chat_template's keyword\n"
                "                        arguments (e.g. '{\"enable_thinking\": false}' for Qwen3)\n"
                "  --tools FILE          with --chat on or --messages: a JSON list of tool (function)\n"
-               "                        schemas, as apply_chat_template(tools=...)\n");
+               "                        schemas, as apply_chat_template(tools=...)\n"
+               "  --chat-template FILE  with --chat on or --messages: this Jinja chat template in place of\n"
+               "                        the tokenizer's own (or for one without)\n");
     fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1); the sampling options below (--top-h to\n"
                "                        --eta-cutoff, --sample-seed) are refused then, as they would be\n"
@@ -314,6 +316,18 @@ static int parse_eos(const char *v, dt_generate_params *gp)
     }
 }
 
+/* --chat-template FILE: its Jinja text as t's chat template. */
+static dt_status set_template(dt_tokenizer *t, const char *path)
+{
+    char *tx = NULL;
+    size_t n = 0;
+    dt_status st = dt_file_read_all(path, (size_t)1 << 20, &tx, &n);
+    if (st >= 0)
+        st = dt_tokenizer_set_chat_template(t, tx, n, path);
+    free(tx);
+    return st < 0 ? dt_error(st, "--chat-template: %s", dt_last_error()) : st;
+}
+
 /* The template's keyword arguments: the JSON object kwargs (NULL: none) with "tools" the JSON list of file tools
  * (NULL: none), as text (*out malloc'd; NULL when neither is given). Bad input: an error naming the option. */
 static dt_status chat_kwargs(const char *kwargs, const char *tools, char **out)
@@ -395,7 +409,7 @@ int dt_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
                *tokenizer = NULL, *lora_from = NULL, *system = NULL, *messages = NULL, *tkwargs = NULL,
-               *tools = NULL;
+               *tools = NULL, *ctemplate = NULL;
     dt_model_config cfg = dt_model_config_default();
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
@@ -462,6 +476,8 @@ int dt_cmd_generate(int argc, char **argv)
             tkwargs = v;
         } else if (!strcmp(a, "--tools")) {
             tools = v;
+        } else if (!strcmp(a, "--chat-template")) {
+            ctemplate = v;
         } else if (!strcmp(a, "--continue-final-message")) {
             cont = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : !strcmp(v, "auto") ? -1 : -2;
             if (cont == -2) {
@@ -662,13 +678,13 @@ int dt_cmd_generate(int argc, char **argv)
                     messages ? "--messages" : system ? "--system" : "--chat", messages ? "a model" : "--prompt");
         return 2;
     }
-    if ((tkwargs || tools) && !chat) {
+    if ((tkwargs || tools || ctemplate) && !chat) {
         dt__tuning_free(&tu);
         free(mname);
         free(vtext);
         dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: %s goes to the chat template: give --chat on (or --messages FILE) with it\n",
-                    tkwargs ? "--chat-template-kwargs" : "--tools");
+                    tkwargs ? "--chat-template-kwargs" : tools ? "--tools" : "--chat-template");
         return 2;
     }
     if (system && !chat) {
@@ -693,7 +709,7 @@ int dt_cmd_generate(int argc, char **argv)
         char *ctext = NULL, *kw = NULL;
         size_t clen = 0;
         if ((!tok && dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok) < 0) ||
-            chat_kwargs(tkwargs, tools, &kw) < 0 ||
+            (ctemplate && set_template(tok, ctemplate) < 0) || chat_kwargs(tkwargs, tools, &kw) < 0 ||
             (chat && chat_prompt(tok, system, messages ? NULL : ptext, messages, cont, kw, &ctext, &clen) < 0) ||
             dt_tokenizer_encode(tok, chat ? ctext : ptext, chat ? clen : strlen(ptext), !chat, &enc, &np) < 0) {
             free(ctext);

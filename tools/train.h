@@ -77,6 +77,7 @@ typedef struct dt__train_opts {
     bool loss_mask;           /* --loss-mask: prompt/completion jsonl/parquet, the loss on the completions only */
     bool assistant_only_loss; /* --assistant-only-loss: conversations, the loss on the assistant's turns only */
     const char *packing;      /* --packing on | off: text records packed into windows, or one a sample (padded) */
+    const char *chat_template; /* --chat-template FILE: a Jinja chat template in place of the tokenizer's */
     const char *freeze;       /* comma-separated name patterns of frozen parameters (NULL = none) */
     const char *lora_targets; /* LoRA: comma-separated layer names (NULL = no LoRA) */
     int64_t lora_r;           /* 0 = 8 */

@@ -184,6 +184,10 @@ static const opt_def opts[] = {
      "the others are label -100; TRL's assistant_only_loss=True (transformers' assistant mask). A template without "
      "such blocks, text lines and a conversation with no assistant token are refused (exit 2); with --loss-mask on "
      "prompt/completion conversations a target must be both"},
+    {"chat-template", OPT_STR, OFF(chat_template), 0, 0, NULL, "FILE",
+     "GPT models with a tokenizer: the chat template (a Jinja file, as chat_template.jinja) in place of the "
+     "tokenizer's own, or for one without (TRL's chat_template_path): the data's conversations are rendered with "
+     "it, checkpoints keep it (eval and generate --ckpt), --save-hf writes it into tokenizer_config.json"},
     {"packing", OPT_CHOICE, OFF(packing), 0, 0, "on|off", "on|off",
      "GPT models on text data (--data text:/jsonl:/parquet:; --val-data too): on packs the records (text files, "
      "lines, rows), each with its end-of-document token, into windows of --seq + 1 tokens (default: the windows "
@@ -820,6 +824,11 @@ int dt__train_check(dt__train_opts *o)
     if (o->loss_mask && (!lm || !records_spec(o->data) || (o->val_data && !records_spec(o->val_data)))) {
         dt__cli_err("dtrain train: --loss-mask takes GPT models on prompt/completion data: --data (and --val-data) "
                     "jsonl:FILE[,FILE...][,prompt=KEY,completion=KEY] (or parquet: so) with --tokenizer\n");
+        return 2;
+    }
+    if (o->chat_template && (!lm || !o->tokenizer)) {
+        dt__cli_err("dtrain train: --chat-template FILE replaces the chat template of the tokenizer: it goes with GPT "
+                    "models and --tokenizer (or an hf:DIR model's own tokenizer.json)\n");
         return 2;
     }
     if (o->tokenizer && (!lm || o->vocab)) {

@@ -104,9 +104,16 @@ int dt__tr_make_user_json(dt__train_run *t)
         char *slash = strrchr(tp, '/');
         snprintf(cp, sizeof cp, "%.*s%stokenizer_config.json", slash ? (int)(slash - tp) : 0, tp, slash ? "/" : "");
         bool bad = lstat(cp, &sb) == 0 && S_ISREG(sb.st_mode) && !(cq = dt__tr_vocab_quoted("--tokenizer", cp));
-        /* and a chat_template.jinja beside it (the template that wins over the config's) */
+        /* and a chat_template.jinja beside it (the template that wins over the config's), or --chat-template's */
         snprintf(cp, sizeof cp, "%.*s%schat_template.jinja", slash ? (int)(slash - tp) : 0, tp, slash ? "/" : "");
-        bad = bad || (lstat(cp, &sb) == 0 && S_ISREG(sb.st_mode) && !(jq = dt__tr_vocab_quoted("--tokenizer", cp)));
+        if (t->o.chat_template && t->tok) { /* the one the run renders with (read at the start) */
+            cJSON *s = cJSON_CreateString(dt_tokenizer_chat_template(t->tok));
+            jq = s ? cJSON_PrintUnformatted(s) : NULL;
+            cJSON_Delete(s);
+            bad = bad || !jq;
+        } else
+            bad = bad || (lstat(cp, &sb) == 0 && S_ISREG(sb.st_mode) &&
+                          !(jq = dt__tr_vocab_quoted("--tokenizer", cp)));
         if (bad) {
             cJSON_free(vq);
             cJSON_free(tq);
@@ -235,6 +242,7 @@ int dt__tr_save_outputs(dt__train_run *t)
                 p.lora_scaling = dt_lora_scaling(&t->lora);
             char tokp[4200];
             p.tokenizer = save_hf_tokenizer(t, tokp, sizeof tokp);
+            p.chat_template = t->o.chat_template && t->tok ? dt_tokenizer_chat_template(t->tok) : NULL;
             p.generation_from = !strncmp(t->o.model, "hf:", 3) ? t->o.model + 3 : NULL; /* its sampling settings */
             p.lock = t->hf_lock;
             if ((st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)

@@ -358,6 +358,16 @@ int dt__tr_vocab_size_from_vocab(dt__train_run *t)
             return dt__tr_fail(2, "--tokenizer");
         if (hf && t->o.tokenizer_of_model && dt__ddp_is_main(&t->ddp))
             printf("text data: encoded with %s (the model's; --tokenizer FILE gives another)\n", t->o.tokenizer);
+        if (t->o.chat_template) { /* in place of the tokenizer's own */
+            char *tx = NULL;
+            size_t tn = 0;
+            dt_status st = dt_file_read_all(t->o.chat_template, (size_t)1 << 20, &tx, &tn);
+            if (st >= 0)
+                st = dt_tokenizer_set_chat_template(t->tok, tx, tn, t->o.chat_template);
+            free(tx);
+            if (st < 0)
+                return dt__tr_fail(2, "--chat-template");
+        }
         if (hf) /* the directory's config.json sizes the vocabulary (the tokenizer is checked against it) */
             return 0;
         if (t->o.vocab_size) {

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <sys/stat.h>
 
-static char p_[6][600];
+static char p_[12][600];
 static char *tp(int slot, const char *name)
 {
     snprintf(p_[slot], sizeof p_[slot], "%s/%s", cli_tmpdir(), name);
@@ -1005,6 +1005,81 @@ TEST(chat_template_cli)
     ASSERT_STR_CONTAINS(r.err, "has none");
 }
 
+/* --chat-template FILE (TRL's chat_template_path): a tokenizer without a template trains on conversations with it;
+ * the checkpoint keeps it (generate --ckpt --chat on renders with it); --save-hf writes it into
+ * tokenizer_config.json, as it writes a tokenizer directory's own template; generate --chat-template FILE renders
+ * with it; without a tokenizer it is refused (exit 2). */
+TEST(chat_template_option)
+{
+    char src[1024], tmpl[700], spec[700];
+    snprintf(src, sizeof src, "%s/tests/data/tokenizer/llama3.json", DT_SOURCE_DIR);
+    snprintf(tmpl, sizeof tmpl, "%s", tp(6, "turns.jinja"));
+    FILE *f = fopen(tmpl, "w");
+    ASSERT(f != NULL);
+    fputs("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>"
+          "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}", f);
+    fclose(f);
+    char *data = tp(7, "turns.jsonl"), *ck = tp(8, "turns_ck"), *out = tp(9, "turns_hf");
+    f = fopen(data, "w");
+    ASSERT(f != NULL);
+    for (int i = 0; i < 20; i++)
+        fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi %d\"}, {\"role\": \"assistant\", "
+                   "\"content\": \"Hello %d.\"}]}\n", i, i);
+    fclose(f);
+    snprintf(spec, sizeof spec, "jsonl:%s", data);
+    cli_result r;
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", src, "--data", spec, "--seq",
+                                       "16", "--batch", "2", "--max-steps", "1", "--no-eval", "--threads", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2); /* the tokenizer has no template */
+    ASSERT_STR_CONTAINS(r.err, "has none");
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", src, "--chat-template", tmpl,
+                                       "--data", spec, "--seq", "16", "--batch", "2", "--max-steps", "1", "--no-eval",
+                                       "--threads", "1", "--save", ck, "--save-hf", out, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--ckpt", ck, "--chat", "on", "--prompt", "Hi", "--temperature",
+                                      "0", "--max-new-tokens", "2", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "<|start_header_id|>user<|end_header_id|>Hi<|eot_id|><|start_header_id|>assistant");
+    char cfgp[800];
+    snprintf(cfgp, sizeof cfgp, "%s/tokenizer_config.json", out);
+    size_t n = 0;
+    char *cfg = t_slurp(cfgp, &n);
+    ASSERT(cfg != NULL);
+    ASSERT_STR_CONTAINS(cfg, "\"chat_template\":\t\"{% for m in messages %}<|start_header_id|>{{ m.role }}");
+    free(cfg);
+    /* generate with the template given */
+    dt_tokenizer *t = NULL;
+    ASSERT_OK(dt_tokenizer_load(src, &t));
+    char vs[32];
+    snprintf(vs, sizeof vs, "%lld", (long long)dt_tokenizer_vocab_size(t));
+    dt_tokenizer_free(t);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", vs, "--tokenizer", src,
+                                      "--chat-template", tmpl, "--chat", "on", "--prompt", "Hi", "--temperature",
+                                      "0", "--max-new-tokens", "1", "--eos-id", "none", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!strncmp(r.out, "<|start_header_id|>user<|end_header_id|>Hi<|eot_id|>", 52));
+    /* a tokenizer directory's own template reaches the export too */
+    char *dir = tp(10, "turns_tokdir"), *out2 = tp(11, "turns_hf2"), cmd[2400];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/tokenizer.json' && cp '%s' '%s/chat_template.jinja'", dir,
+             src, dir, tmpl, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", dir, "--data", spec, "--seq",
+                                       "16", "--batch", "2", "--max-steps", "1", "--no-eval", "--threads", "1",
+                                       "--save-hf", out2, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(cfgp, sizeof cfgp, "%s/tokenizer_config.json", out2);
+    cfg = t_slurp(cfgp, &n);
+    ASSERT(cfg != NULL);
+    ASSERT_STR_CONTAINS(cfg, "\"chat_template\":\t\"{% for m in messages %}<|start_header_id|>{{ m.role }}");
+    free(cfg);
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", "tokens:x.bin", "--chat-template",
+                                      tmpl, "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--chat-template FILE replaces the chat template of the tokenizer");
+}
+
 int main(void)
 {
     RUN(train_encode_split_decode);
@@ -1016,6 +1091,7 @@ int main(void)
     RUN(generate_with_tokenizer);
     RUN(generate_stops_at_the_tokenizers_eos);
     RUN(chat_template_cli);
+    RUN(chat_template_option);
     RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
