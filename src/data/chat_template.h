@@ -19,7 +19,11 @@
  * Refused: include, import, from, extends and block (DT_ERR_UNSUPPORTED, as
  * are the filters and methods jinja2 has and this does not, named), an
  * unknown tag, filter or test (DT_ERR_FORMAT, at parse time as jinja2
- * does), recursive loops, string % formatting, *args and **kwargs in calls.
+ * does), recursive loops, *args and **kwargs in calls. Python's
+ * printf-style formatting (the % operator on a string, the format filter)
+ * is Python's: the conversions s r a d i u o x X e E f F g G c, flags,
+ * width, precision, '*' and %(key)s, with its TypeError/ValueError
+ * messages; a width or precision past 2^24 is a limit (DT_ERR_RANGE).
  *
  * Differences from Python: integers are 64-bit (an overflow is an error,
  * not a big integer); a JSON number of ctx that is integral and within

@@ -247,6 +247,8 @@ ct_val ct_getattr(ct_ctx *c, int line, ct_val v, const char *name);
 ct_val ct_getitem(ct_ctx *c, int line, ct_val v, ct_val key);
 ct_val ct_slice(ct_ctx *c, int line, ct_val v, ct_val lo, ct_val hi, ct_val step);
 ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b);
+/* Python's fmt % args (fmt a CT_STR; args a tuple, a dict or one value): the format filter's and the % operator's */
+ct_val ct_format(ct_ctx *c, int line, ct_val fmt, ct_val args);
 ct_val ct_neg(ct_ctx *c, int line, ct_val a, bool minus);
 bool ct_contains(ct_ctx *c, int line, ct_val hay, ct_val needle);
 _Noreturn void ct_fail_undef(ct_ctx *c, int line, ct_val u);

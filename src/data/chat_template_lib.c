@@ -813,12 +813,12 @@ static ct_val f_map(ct_ctx *c, int line, ct_val v, size_t n, const ct_val *args,
 }
 
 static const char *const FILTERS[] = {
-    "abs", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first", "float", "indent", "int",
-    "items", "join", "last", "length", "list", "lower", "map", "max", "min", "reject", "rejectattr", "replace",
+    "abs", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first", "float", "format", "indent",
+    "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min", "reject", "rejectattr", "replace",
     "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title", "tojson", "trim",
     "unique", "upper", "wordcount", NULL};
 static const char *const FILTERS_LEFT_OUT[] = {
-    "attr", "batch", "center", "filesizeformat", "forceescape", "format", "groupby", "pprint", "random", "slice",
+    "attr", "batch", "center", "filesizeformat", "forceescape", "groupby", "pprint", "random", "slice",
     "striptags", "truncate", "urlencode", "urlize", "wordwrap", "xmlattr", NULL};
 
 bool ct_filter_known(const char *name, bool *supported)
@@ -850,6 +850,28 @@ ct_val ct_filter(ct_ctx *c, int line, const char *name, ct_val v, size_t n, cons
         !strcmp(name, "rejectattr"))
         return select_items(c, line, v, n, args, kw, strstr(name, "attr") != NULL,
                             name[0] == 's');
+    if (!strcmp(name, "format")) { /* jinja2's do_format: str(v) % (the positional arguments, or the keyword ones) */
+        size_t nk = 0;
+        for (size_t i = 0; kw && i < n; i++)
+            nk += kw[i] != NULL;
+        if (nk && nk < n)
+            ct_fail(c, line, DT_ERR_INVALID_ARG, "FilterArgumentError: can't handle positional and keyword arguments "
+                    "at the same time");
+        ct_val fa;
+        if (nk) {
+            ct_dict *d = ct_dict_new(c);
+            for (size_t i = 0; i < n; i++)
+                ct_dict_set(c, d, ct_cstr(kw[i]), args[i]);
+            fa = (ct_val){.k = CT_DICT, .u.d = d};
+        } else {
+            ct_list *t = ct_list_new(c, n);
+            for (size_t i = 0; i < n; i++)
+                ct_list_push(c, t, args[i]);
+            t->tuple = true;
+            fa = ct_list_val(t);
+        }
+        return ct_format(c, line, ct_to_str(c, v), fa);
+    }
     ct_val a[MAX_PARAMS];
     const char *spec = !strcmp(name, "trim") ? "chars"
                        : !strcmp(name, "replace") ? "old new count"

@@ -813,6 +813,243 @@ static double py_floordiv(double x, double y)
     return div - fl > 0.5 ? fl + 1.0 : fl;
 }
 
+/* ---- printf-style formatting: Python's str % args (and jinja2's format filter) --------------------------- */
+
+#define MAX_FIELD (1 << 24) /* a width or precision past this is a limit, not an allocation */
+
+/* Code point cp as UTF-8 into out (4 bytes at most); its length. */
+static size_t utf8_put(uint32_t cp, char *out)
+{
+    unsigned char *o = (unsigned char *)out;
+    if (cp < 0x80)
+        return o[0] = (unsigned char)cp, 1;
+    if (cp < 0x800)
+        return o[0] = (unsigned char)(0xC0 | cp >> 6), o[1] = (unsigned char)(0x80 | (cp & 0x3F)), 2;
+    if (cp < 0x10000)
+        return o[0] = (unsigned char)(0xE0 | cp >> 12), o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F)),
+               o[2] = (unsigned char)(0x80 | (cp & 0x3F)), 3;
+    return o[0] = (unsigned char)(0xF0 | cp >> 18), o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F)),
+           o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F)), o[3] = (unsigned char)(0x80 | (cp & 0x3F)), 4;
+}
+
+/* The next positional argument of args[*at] (n of them), or TypeError. */
+static ct_val next_arg(ct_ctx *c, int line, const ct_val *args, size_t n, size_t *at)
+{
+    if (*at >= n)
+        ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: not enough arguments for format string");
+    return args[(*at)++];
+}
+
+/* A '*' width or precision: an int argument. */
+static int64_t star_arg(ct_ctx *c, int line, const ct_val *args, size_t n, size_t *at)
+{
+    ct_val v = next_arg(c, line, args, n, at);
+    if (v.k != CT_INT && v.k != CT_BOOL)
+        ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: * wants int");
+    return v.k == CT_BOOL ? v.u.b : v.u.i;
+}
+
+/* s[0, n) into b padded to width characters (left-justified with '-'), cut to prec characters first (prec >= 0). */
+static void put_padded(ct_buf *b, const char *s, size_t n, int64_t width, int64_t prec, bool left)
+{
+    if (prec >= 0) { /* characters, not bytes */
+        size_t i = 0;
+        for (int64_t k = 0; k < prec && i < n; k++)
+            for (i++; i < n && ((unsigned char)s[i] & 0xC0) == 0x80; i++)
+                ;
+        n = i;
+    }
+    const size_t chars = ct_utf8_count(s, n);
+    for (int64_t k = (int64_t)chars; !left && k < width; k++)
+        ct_buf_put(b, " ", 1);
+    ct_buf_put(b, s, n);
+    for (int64_t k = (int64_t)chars; left && k < width; k++)
+        ct_buf_put(b, " ", 1);
+}
+
+/* An integer conversion (d i u o x X): sign, '#' prefix, at least prec digits, then width with '0' or spaces. */
+static void put_int(ct_buf *b, int64_t v, char type, const char *flags, int64_t width, int64_t prec)
+{
+    char digits[80], num[200];
+    const uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    snprintf(digits, sizeof digits, type == 'o' ? "%llo" : type == 'x' ? "%llx" : type == 'X' ? "%llX" : "%llu",
+             (unsigned long long)mag);
+    const char *sign = v < 0 ? "-" : strchr(flags, '+') ? "+" : strchr(flags, ' ') ? " " : "";
+    const char *pre = !strchr(flags, '#') ? "" : type == 'o' ? "0o" : type == 'x' ? "0x" : type == 'X' ? "0X" : "";
+    const int64_t nd = (int64_t)strlen(digits), zeros = prec > nd ? prec - nd : 0;
+    const int64_t len = (int64_t)(strlen(sign) + strlen(pre)) + zeros + nd;
+    const bool left = strchr(flags, '-') != NULL, zpad = !left && strchr(flags, '0') != NULL;
+    for (int64_t k = len; !left && !zpad && k < width; k++)
+        ct_buf_put(b, " ", 1);
+    snprintf(num, sizeof num, "%s%s", sign, pre);
+    ct_buf_puts(b, num);
+    for (int64_t k = len; zpad && k < width; k++)
+        ct_buf_put(b, "0", 1);
+    for (int64_t k = 0; k < zeros; k++)
+        ct_buf_put(b, "0", 1);
+    ct_buf_puts(b, digits);
+    for (int64_t k = len; left && k < width; k++)
+        ct_buf_put(b, " ", 1);
+}
+
+/* Python's fmt % args: args a tuple (positional), a dict (%(name)s keys; else one argument) or one value. The
+ * conversions s r a d i u o x X e E f F g G c %, flags #0- +, width and precision (digits or *); errors as
+ * Python's (TypeError, ValueError). */
+static ct_val printf_format(ct_ctx *c, int line, ct_val fmt, ct_val args)
+{
+    const bool tuple = args.k == CT_LIST && args.u.l->tuple && !args.u.l->range;
+    const ct_val *av = tuple ? args.u.l->v : &args;
+    const size_t an = tuple ? args.u.l->n : 1;
+    size_t at = 0;
+    bool named = false;
+    const char *f = fmt.u.s.p;
+    const size_t n = fmt.u.s.n;
+    ct_buf b = {.c = c};
+    ct_buf_put(&b, "", 0);
+    for (size_t i = 0; i < n;) {
+        const char *pct = memchr(f + i, '%', n - i);
+        const size_t upto = pct ? (size_t)(pct - f) : n;
+        ct_buf_put(&b, f + i, upto - i);
+        if (!pct)
+            break;
+        if (upto + 1 < n && f[upto + 1] == '%') { /* "%%" */
+            ct_buf_put(&b, "%", 1);
+            i = upto + 2;
+            continue;
+        }
+        i = upto + 1;
+        ct_val v = {.k = CT_ABSENT};
+        if (i < n && f[i] == '(') { /* %(name)s: a key of the mapping */
+            const char *close = memchr(f + i, ')', n - i);
+            if (!close)
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "ValueError: incomplete format key");
+            if (args.k != CT_DICT)
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: format requires a mapping");
+            ct_val *hit = ct_dict_get(c, args.u.d, ct_str(f + i + 1, (size_t)(close - f - i - 1)));
+            if (!hit)
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "KeyError: '%.*s'", (int)(close - f - i - 1), f + i + 1);
+            v = *hit;
+            named = true;
+            i = (size_t)(close - f) + 1;
+        }
+        char flags[8] = "";
+        while (i < n && strchr("#0- +", f[i]) && strlen(flags) < sizeof flags - 1) {
+            if (!strchr(flags, f[i]))
+                flags[strlen(flags)] = f[i];
+            i++;
+        }
+        int64_t width = 0, prec = -1;
+        if (i < n && f[i] == '*') {
+            width = star_arg(c, line, av, an, &at);
+            i++;
+        } else {
+            for (; i < n && f[i] >= '0' && f[i] <= '9'; i++)
+                width = width < MAX_FIELD ? width * 10 + (f[i] - '0') : width;
+        }
+        if (width < 0 && strlen(flags) < sizeof flags - 1 && !strchr(flags, '-')) /* a negative '*': left */
+            flags[strlen(flags)] = '-';
+        width = width < 0 ? -width : width;
+        if (i < n && f[i] == '.') {
+            i++;
+            prec = 0;
+            if (i < n && f[i] == '*') {
+                prec = star_arg(c, line, av, an, &at);
+                prec = prec < 0 ? 0 : prec;
+                i++;
+            } else {
+                for (; i < n && f[i] >= '0' && f[i] <= '9'; i++)
+                    prec = prec < MAX_FIELD ? prec * 10 + (f[i] - '0') : prec;
+            }
+        }
+        if (width > MAX_FIELD || prec > MAX_FIELD)
+            ct_fail(c, line, DT_ERR_RANGE, "a %% format's width or precision past %d (a limit)", MAX_FIELD);
+        while (i < n && strchr("hlL", f[i]))
+            i++;
+        if (i >= n)
+            ct_fail(c, line, DT_ERR_INVALID_ARG, "ValueError: incomplete format");
+        const char type = f[i++];
+        if (type == '%' && v.k == CT_ABSENT) /* '%' after a flag, width or precision: a conversion (that fails) */
+            next_arg(c, line, av, an, &at);
+        if (!strchr("sradiuoxXeEfFgGc", type)) {
+            const size_t idx = ct_utf8_count(f, i - 1);
+            if ((unsigned char)type < 0x80)
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "ValueError: unsupported format character '%c' (0x%x) at "
+                        "index %zu", type, (unsigned)type, idx);
+            ct_fail(c, line, DT_ERR_INVALID_ARG, "ValueError: unsupported format character at index %zu", idx);
+        }
+        if (v.k == CT_ABSENT) /* (a dict given and no key named: the dict is the one argument) */
+            v = next_arg(c, line, av, an, &at);
+        if (v.k == CT_UNDEF)
+            ct_fail_undef(c, line, v);
+        const bool left = strchr(flags, '-') != NULL;
+        if (type == 's' || type == 'r' || type == 'a') {
+            ct_buf t = {.c = c};
+            ct_buf_put(&t, "", 0);
+            if (type == 's')
+                ct_str_into(&t, v);
+            else
+                ct_repr_into(&t, v);
+            if (type == 'a') { /* ascii(): the repr with every non-ASCII character escaped */
+                ct_buf e = {.c = c};
+                ct_buf_put(&e, "", 0);
+                for (size_t k = 0, len; k < t.n; k += len) {
+                    const uint32_t cp = dt__utf8_next((const unsigned char *)t.p, t.n, k, &len);
+                    if (cp < 0x80)
+                        ct_buf_put(&e, t.p + k, len);
+                    else
+                        ct_buf_printf(&e, cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x",
+                                      (unsigned)cp);
+                }
+                t = e;
+            }
+            put_padded(&b, t.p, t.n, width, prec, left);
+        } else if (type == 'c') {
+            char ch[8];
+            size_t cl;
+            if (v.k == CT_INT || v.k == CT_BOOL) {
+                const int64_t cp = v.k == CT_BOOL ? v.u.b : v.u.i;
+                if (cp < 0 || cp > 0x10FFFF)
+                    ct_fail(c, line, DT_ERR_INVALID_ARG, "OverflowError: %%c arg not in range(0x110000)");
+                cl = utf8_put((uint32_t)cp, ch);
+            } else if (v.k == CT_STR && ct_utf8_count(v.u.s.p, v.u.s.n) == 1 && v.u.s.n < sizeof ch) {
+                memcpy(ch, v.u.s.p, v.u.s.n);
+                cl = v.u.s.n;
+            } else {
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: %%c requires int or char");
+            }
+            put_padded(&b, ch, cl, width, -1, left);
+        } else if (strchr("diuoxX", type)) {
+            const bool real = strchr("diu", type) != NULL;
+            if (v.k != CT_INT && v.k != CT_BOOL && !(real && v.k == CT_FLOAT))
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: %%%c format: %s is required, not %s", type,
+                        real ? "a real number" : "an integer", ct_type_name(v));
+            if (v.k == CT_FLOAT && !(fabs(v.u.f) < 9.2e18)) /* int() of it: inf, nan, past int64 */
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "OverflowError: %%%c format of %g", type, v.u.f);
+            const int64_t iv = v.k == CT_BOOL ? v.u.b : v.k == CT_FLOAT ? (int64_t)v.u.f : v.u.i;
+            put_int(&b, iv, type == 'i' || type == 'u' ? 'd' : type, flags, width, prec);
+        } else { /* e E f F g G: C's printf formats them as Python does */
+            if (v.k != CT_INT && v.k != CT_BOOL && v.k != CT_FLOAT)
+                ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: must be real number, not %s", ct_type_name(v));
+            const double d = v.k == CT_FLOAT ? v.u.f : v.k == CT_BOOL ? v.u.b : (double)v.u.i;
+            char spec[32];
+            snprintf(spec, sizeof spec, "%%%s*.*%c", flags, type);
+            const int len = snprintf(NULL, 0, spec, (int)width, (int)(prec < 0 ? 6 : prec), d);
+            char *tmp = ct_alloc(c, (size_t)len + 1);
+            snprintf(tmp, (size_t)len + 1, spec, (int)width, (int)(prec < 0 ? 6 : prec), d);
+            ct_buf_put(&b, tmp, (size_t)len);
+        }
+        ct_tick(c, line, 1 + b.n / 256);
+    }
+    if (!named && args.k != CT_DICT && at < an)
+        ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: not all arguments converted during string formatting");
+    return ct_str(b.p, b.n);
+}
+
+ct_val ct_format(ct_ctx *c, int line, ct_val fmt, ct_val args)
+{
+    return printf_format(c, line, fmt, args);
+}
+
 ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b)
 {
     if (a.k == CT_UNDEF)
@@ -905,7 +1142,7 @@ ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b)
     if (op == '*' && seq_b && (a.k == CT_INT || a.k == CT_BOOL))
         return repeat(c, line, b, num_i(a));
     if (op == '%' && a.k == CT_STR)
-        ct_fail(c, line, DT_ERR_UNSUPPORTED, "string %% formatting");
+        return printf_format(c, line, a, b);
     if (op == '+' && (a.k == CT_STR || a.k == CT_LIST))
         ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: can only concatenate %s (not \"%s\") to %s",
                 ct_type_name(a), ct_type_name(b), ct_type_name(a));

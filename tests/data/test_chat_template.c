@@ -205,7 +205,8 @@ TEST(errors_name_line_and_construct)
     ASSERT(!expect_fail("{% extends 'x' %}", NULL, DT_ERR_UNSUPPORTED, "the 'extends' tag"));
     ASSERT(!expect_fail("{{ x|groupby('a') }}", NULL, DT_ERR_UNSUPPORTED, "the 'groupby' filter"));
     ASSERT(!expect_fail("{% for x in y recursive %}{% endfor %}", NULL, DT_ERR_UNSUPPORTED, "recursive"));
-    ASSERT(!expect_fail("{{ '%s' % 1 }}", NULL, DT_ERR_UNSUPPORTED, "string % formatting"));
+    ASSERT(!expect_fail("{{ '%999999999d' % 1 }}", NULL, DT_ERR_RANGE, "width or precision past"));
+    ASSERT(!expect_fail("{{ '%.99999999f' % 1 }}", NULL, DT_ERR_RANGE, "width or precision past"));
     ASSERT(!expect_fail("{{ f(*a) }}", NULL, DT_ERR_UNSUPPORTED, "*args"));
     ASSERT(!expect_fail("{{ 'a'.format(1) }}", NULL, DT_ERR_UNSUPPORTED, "the str method 'format'"));
     ASSERT(!expect_fail("\n\n\n{{ raise_exception('Roles must alternate') }}", NULL, DT_ERR_INVALID_ARG,
