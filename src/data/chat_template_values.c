@@ -923,6 +923,8 @@ static ct_val printf_format(ct_ctx *c, int line, ct_val fmt, ct_val args)
             const char *close = memchr(f + i, ')', n - i);
             if (!close)
                 ct_fail(c, line, DT_ERR_INVALID_ARG, "ValueError: incomplete format key");
+            if (args.k == CT_UNDEF)
+                ct_fail_undef(c, line, args);
             if (args.k != CT_DICT)
                 ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: format requires a mapping");
             ct_val *hit = ct_dict_get(c, args.u.d, ct_str(f + i + 1, (size_t)(close - f - i - 1)));
@@ -979,7 +981,7 @@ static ct_val printf_format(ct_ctx *c, int line, ct_val fmt, ct_val args)
         }
         if (v.k == CT_ABSENT) /* (a dict given and no key named: the dict is the one argument) */
             v = next_arg(c, line, av, an, &at);
-        if (v.k == CT_UNDEF)
+        if (v.k == CT_UNDEF && !strchr("sra", type)) /* str() of it is '', repr() 'Undefined'; int() fails */
             ct_fail_undef(c, line, v);
         const bool left = strchr(flags, '-') != NULL;
         if (type == 's' || type == 'r' || type == 'a') {
@@ -1052,6 +1054,8 @@ ct_val ct_format(ct_ctx *c, int line, ct_val fmt, ct_val args)
 
 ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b)
 {
+    if (op == '%' && a.k == CT_STR) /* str.__mod__: an Undefined argument prints as str() does, '' */
+        return printf_format(c, line, a, b);
     if (a.k == CT_UNDEF)
         ct_fail_undef(c, line, a);
     if (b.k == CT_UNDEF)
@@ -1141,8 +1145,6 @@ ct_val ct_binop(ct_ctx *c, int line, int op, ct_val a, ct_val b)
         return repeat(c, line, a, num_i(b));
     if (op == '*' && seq_b && (a.k == CT_INT || a.k == CT_BOOL))
         return repeat(c, line, b, num_i(a));
-    if (op == '%' && a.k == CT_STR)
-        return printf_format(c, line, a, b);
     if (op == '+' && (a.k == CT_STR || a.k == CT_LIST))
         ct_fail(c, line, DT_ERR_INVALID_ARG, "TypeError: can only concatenate %s (not \"%s\") to %s",
                 ct_type_name(a), ct_type_name(b), ct_type_name(a));

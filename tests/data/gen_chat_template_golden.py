@@ -287,6 +287,11 @@ CASES = [
     ("{{ '%(a)s' % ('x',) }}", None),
     ("{{ '%5%' % (1,) }}", None),
     ("{{ '%s %s' | format('a', b='c') }}", None),
+    # an undefined argument: str() of it is '', repr() 'Undefined'; a number or a mapping of it fails
+    ("{{ '%s|' % nope }}{{ '%r|%a|%5s|' % (nope, nope, nope) }}{{ '%s %s|' % (nope, 1) }}{{ '%s' | format(nope) }}",
+     None),
+    ("{{ '%d' % nope }}", None),
+    ("{{ '%(a)s' % nope }}", None),
 ]
 
 
