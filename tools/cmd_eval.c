@@ -32,11 +32,11 @@ static void usage(FILE *f)
                "Evaluate the weights of a checkpoint on the test split and print the test loss (and\n"
                "accuracy). DIR is a `dtrain train --save` directory (its newest complete checkpoint)\n"
                "or one step-N checkpoint. The model and data are those the checkpoint was trained\n"
-               "with (a LoRA run's model with its adapters and --freeze, a --loss-mask run's loss on\n"
-               "the completions, an --assistant-only-loss run's on the assistant's turns, a --packing\n"
-               "off run's records one a sample; text data\n"
-               "through the tokenizer.json a --tokenizer run keeps, unless --tokenizer FILE is given:\n"
-               "the command says which); any `dtrain train` option\n"
+               "with, evaluated in its batches, so the loss is the run's validation loss (a LoRA run's\n"
+               "model with its adapters and --freeze, a --loss-mask run's loss on the completions, an\n"
+               "--assistant-only-loss run's on the assistant's turns, a --packing off run's records\n"
+               "one a sample; text data through the tokenizer.json a --tokenizer run keeps, unless\n"
+               "--tokenizer FILE is given: the command says which); any `dtrain train` option\n"
                "given here overrides them (--data SPEC, --limit-test N, --batch N, --threads N,\n"
                "--metrics FILE; --lora-* options other than the checkpoint's are refused, and so are\n"
                "--init-from, --resume, --save, --save-hf, --save-lora, --plan and --no-eval).\n"
@@ -217,6 +217,9 @@ int dt_cmd_eval(int argc, char **argv)
     }
     n = add_opt(targv, n, bufs, &nb, user, "model", "--model");
     n = add_opt(targv, n, bufs, &nb, user, "data", "--data");
+    /* the run's batch: with a loss over some targets only (--loss-mask, --assistant-only-loss) the mean is over the
+       batches' means (as HF Trainer's evaluation), so the batches are the run's */
+    n = add_opt(targv, n, bufs, &nb, user, "batch", "--batch");
     n = add_opt(targv, n, bufs, &nb, user, "seed", "--seed");
     n = add_opt(targv, n, bufs, &nb, user, "rng", "--rng");
     /* Runs before dtrain train refused --random-items with other data
