@@ -23,7 +23,7 @@ static void usage(FILE *f)
             "       dtrain tokenize --vocab VOCAB --decode TOKENS.bin -o TEXT\n"
             "       dtrain tokenize --unigram TRAIN.bin [EVAL.bin] [--vocab VOCAB]\n"
             "       dtrain tokenize --tokenizer FILE --show SPEC [--loss-mask] [--assistant-only-loss]\n"
-            "                       [--show-tokens N] [--packing off --seq T]\n"
+            "                       [--show-tokens N] [--packing off --seq T] [--chat-template FILE]\n"
             "       (--tokenizer TOKENIZER.json in place of --vocab VOCAB everywhere)\n"
             "  --train-vocab N    learn a byte-level BPE of N ids (256..65536: the 256 bytes and N-256\n"
             "                     merges) from CORPUS and write the vocab file VOCAB; a VOCAB named\n"
@@ -53,7 +53,8 @@ static void usage(FILE *f)
             "                     conversation through the chat template, --loss-mask's prompts and\n"
             "                     --assistant-only-loss's turns other than the assistant's (as train takes\n"
             "                     those options); with --packing off --seq T also the samples train makes of\n"
-            "                     the records then (one each: its first T tokens) and the targets they count\n"
+            "                     the records then (one each: its first T tokens) and the targets they count;\n"
+            "                     --chat-template FILE renders conversations with it (as train takes it)\n"
             "  -o FILE            the output; written atomically (complete or absent), never\n"
             "                     through a symlink\n"
             "  e.g. bible Gen1:1-Rev22:21 > kjv.txt\n"
@@ -278,8 +279,8 @@ static int show_records(const dt_tokenizer *t, const char *spec, dt_tokens_param
 
 /* --show SPEC: the data set dtrain train builds from SPEC, its first n tokens as text with the targets the loss
  * skips marked; T > 0: also its records as --packing off --seq T makes them samples (show_records). */
-static int show_data(const char *spec, const char *tokenizer, bool loss_mask, bool assistant_only, int64_t n,
-                     int64_t T)
+static int show_data(const char *spec, const char *tokenizer, const char *tmpl, bool loss_mask, bool assistant_only,
+                     int64_t n, int64_t T)
 {
     dt_tokenizer *t = NULL;
     dt_dataset *ds = NULL;
@@ -288,12 +289,18 @@ static int show_data(const char *spec, const char *tokenizer, bool loss_mask, bo
     kp.stride = 1;
     kp.completion_only_loss = loss_mask;
     kp.assistant_only_loss = assistant_only;
-    if (dt_tokenizer_load(tokenizer, &t) < 0 || dt_dataset_text_open(spec, t, &kp, &ds) < 0) {
+    char *tx = NULL; /* --chat-template FILE: in place of the tokenizer's */
+    size_t tn = 0;
+    if (dt_tokenizer_load(tokenizer, &t) < 0 || (tmpl && dt_file_read_all(tmpl, (size_t)1 << 20, &tx, &tn) < 0) ||
+        (tmpl && dt_tokenizer_set_chat_template(t, tx, tn, tmpl) < 0) ||
+        dt_dataset_text_open(spec, t, &kp, &ds) < 0) {
+        free(tx);
         const dt_status st = dt_last_status();
         dt__cli_err("dtrain tokenize: --show %s: %s\n", spec, dt_last_error());
         dt_tokenizer_free(t);
         return st == DT_ERR_NO_MEMORY ? 1 : 2;
     }
+    free(tx);
     /* item i is token i and the label of token i + 1: the first `items` tokens are shown (the very last one of the
        set is a label only), each with its own label (the first token is no target) */
     const int64_t items = dt_dataset_length(ds), total = items ? items + 1 : 0;
@@ -357,7 +364,7 @@ int dt_cmd_tokenize(int argc, char **argv)
 {
     const char *train_vocab = NULL, *vocab = NULL, *decode = NULL, *out = NULL, *val_out = NULL,
                *corpus = NULL, *val_frac_s = NULL, *min_count_s = NULL, *unigram = NULL, *tokenizer = NULL,
-               *show = NULL, *show_n = NULL, *packing = NULL, *seq = NULL;
+               *show = NULL, *show_n = NULL, *packing = NULL, *seq = NULL, *tmpl = NULL;
     bool loss_mask = false, assistant_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -379,6 +386,8 @@ int dt_cmd_tokenize(int argc, char **argv)
             dst = &packing;
         else if (!strcmp(a, "--seq"))
             dst = &seq;
+        else if (!strcmp(a, "--chat-template"))
+            dst = &tmpl;
         else if (!strcmp(a, "--train-vocab"))
             dst = &train_vocab;
         else if (!strcmp(a, "--vocab"))
@@ -417,10 +426,10 @@ int dt_cmd_tokenize(int argc, char **argv)
         dt__cli_err("dtrain tokenize: give --vocab VOCAB or --tokenizer FILE, not both\n");
         return 2;
     }
-    if ((loss_mask || assistant_only || show_n || packing || seq) && !show) {
+    if ((loss_mask || assistant_only || show_n || packing || seq || tmpl) && !show) {
         dt__cli_err("dtrain tokenize: %s goes with --show SPEC\n",
                     loss_mask ? "--loss-mask" : assistant_only ? "--assistant-only-loss" : show_n ? "--show-tokens"
-                    : packing ? "--packing" : "--seq");
+                    : packing ? "--packing" : seq ? "--seq" : "--chat-template");
         return 2;
     }
     int64_t T = 0;
@@ -435,14 +444,14 @@ int dt_cmd_tokenize(int argc, char **argv)
         if (!tokenizer || vocab || corpus || out || train_vocab || decode || unigram || val_out || val_frac_s ||
             min_count_s) {
             dt__cli_err("dtrain tokenize: --show SPEC goes with --tokenizer FILE alone (and --loss-mask, "
-                        "--assistant-only-loss, --show-tokens N, --packing off --seq T)\n");
+                        "--assistant-only-loss, --show-tokens N, --packing off --seq T, --chat-template FILE)\n");
             return 2;
         }
         if (show_n && dt_parse_int("--show-tokens", show_n, 0, 1 << 24, &n) < 0) {
             dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
             return 2;
         }
-        return show_data(show, tokenizer, loss_mask, assistant_only, n, T);
+        return show_data(show, tokenizer, tmpl, loss_mask, assistant_only, n, T);
     }
     if (unigram)
         return unigram_baseline(unigram, corpus, vocab, tokenizer,
