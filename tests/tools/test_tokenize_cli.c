@@ -1036,7 +1036,7 @@ TEST(chat_template_option)
     ASSERT_EQ_INT(r.code, 2); /* the tokenizer has no template */
     ASSERT_STR_CONTAINS(r.err, "has none");
     cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", src, "--show", spec, "--chat-template", tmpl,
-                                      "--show-tokens", "8", NULL}); /* what training will see */
+                                      "--show-tokens", "12", NULL}); /* what training will see */
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "<|start_header_id|>user<|end_header_id|>Hi 0<|eot_id|>");
     cli_runv(&r, 120, NULL, (char *[]){"train", "--model", "gpt-micro", "--tokenizer", src, "--chat-template", tmpl,
