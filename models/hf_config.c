@@ -3,8 +3,9 @@
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
  * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Gemma3ForCausalLM (and the language model of
  * Gemma3ForConditionalGeneration: its text_config), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
- * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM and GPT2LMHeadModel; every value
- * dtrain does not implement is refused naming the file and the key. hf.c builds the model it describes. */
+ * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, MinistralForCausalLM and
+ * GPT2LMHeadModel; every value dtrain does not implement is refused naming the file and the key. hf.c builds the
+ * model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
 
@@ -372,28 +373,29 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const bool olmo3 = !strcmp(arch, "Olmo3ForCausalLM"), gemma3 = !strcmp(arch, "Gemma3ForCausalLM");
     const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM") || olmo3; /* OLMo 3: OLMo 2's block and sliding layers */
     const bool gemma2 = !strcmp(arch, "Gemma2ForCausalLM") || gemma3; /* Gemma 3: Gemma 2's block and more */
-    const bool smollm3 = !strcmp(arch, "SmolLM3ForCausalLM");
+    const bool smollm3 = !strcmp(arch, "SmolLM3ForCausalLM"), ministral = !strcmp(arch, "MinistralForCausalLM");
     memset(c, 0, sizeof *c);
     /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Gemma3TextConfig's,
-       Phi3Config's, Olmo2Config's and SmolLM3Config's where they differ */
+       Phi3Config's, Olmo2Config's, SmolLM3Config's and MinistralConfig's where they differ */
     c->vocab_size = get_int(r, o, "vocab_size",
                             gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064
                                 : olmo2 ? 50304 : smollm3 ? 128256 : 32000, 1, big);
     c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 ? 2048 : 4096, 1,
                              big);
     c->intermediate_size = get_int(r, o, "intermediate_size",
-                                   gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192 : 11008, 1, big);
+                                   gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192 : ministral ? 14336
+                                       : 11008, 1, big);
     c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : 32, 1, big);
     c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma || smollm3 ? 16 : gemma2 ? 8 : 32, 1, big);
-    c->num_key_value_heads = get_int(r, o, "num_key_value_heads", gemma2 || smollm3 ? 4 : c->num_attention_heads, 1,
-                                     big);
+    c->num_key_value_heads = get_int(r, o, "num_key_value_heads",
+                                     gemma2 || smollm3 ? 4 : ministral ? 8 : c->num_attention_heads, 1, big);
     c->head_dim = get_int(r, o, "head_dim",
                           gemma || gemma2 ? 256 : qwen3 ? 128
                                 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
-                                         gemma3 ? 131072 : gemma || gemma2 ? 8192 : qwen3 || smollm3 ? 32768
-                                             : phi3 ? 4096 : 2048, 1, big);
+                                         gemma3 || ministral ? 131072 : gemma || gemma2 ? 8192
+                                             : qwen3 || smollm3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
     c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = smollm3 ? 2e6 : 10000.0; /* the configs' default_theta */
@@ -509,19 +511,21 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         unsupported(r, "pretraining_tp", "pretraining_tp > 1 is not supported (1 only)");
     /* Sliding windows: Mistral's (and Phi-3's) on every layer, Qwen2's and Qwen3's with use_sliding_window on
        the layers from max_window_layers on, Gemma 2's on every other layer from the first, Gemma 3's on all but
-       every sliding_window_pattern-th (6), or on those layer_types names (LlamaConfig has none: the key is
-       ignored, as transformers ignores it). The layers' kinds (full_attention_layers) set each one's window in
+       every sliding_window_pattern-th (6), OLMo 3's on three of every four, SmolLM3's (use_sliding_window) on its
+       NoPE layers, Ministral's on every layer, or on those layer_types names (LlamaConfig and MistralConfig have
+       none: the key is ignored, as transformers ignores it). The layers' kinds (full_attention_layers) set each one's window in
        the forward and the cache (llama.c) and Gemma 3's RoPE base, with a window or without. */
     const bool mistral = !strcmp(arch, "MistralForCausalLM");
     const cJSON *swv = item(o, "sliding_window");
-    int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2 || smollm3 || olmo3) || (swv && cJSON_IsNull(swv))
-                     ? 0 : get_int(r, o, "sliding_window", gemma2 || olmo3 ? 4096 : 0, 0, INT64_MAX / 2);
+    int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2 || smollm3 || olmo3 || ministral) ||
+                         (swv && cJSON_IsNull(swv))
+                     ? 0 : get_int(r, o, "sliding_window", gemma2 || olmo3 || ministral ? 4096 : 0, 0, INT64_MAX / 2);
     const int64_t pattern = gemma3 ? get_int(r, o, "sliding_window_pattern", 6, 1, big) : 0;
     if ((qwen2 || qwen3 || smollm3) && !get_bool(r, o, "use_sliding_window", false))
         sw = 0;
     if (smollm3)
         read_nope(r, c);
-    if (qwen2 || qwen3 || gemma2 || smollm3 || olmo3) {
+    if (qwen2 || qwen3 || gemma2 || smollm3 || olmo3 || ministral) {
         const cJSON *lt = item(o, "layer_types");
         const int64_t L = c->num_hidden_layers;
         for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next)
@@ -533,14 +537,16 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         if (cJSON_IsArray(lt) && cJSON_GetArraySize(lt) != L && r->st >= 0)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"layer_types\" has %d entries for num_hidden_layers %lld",
                              r->path, cJSON_GetArraySize(lt), (long long)L);
-        const int64_t from = gemma2 || smollm3 || olmo3 ? 0 : get_int(r, o, "max_window_layers", 28, 0, big);
+        const int64_t from = gemma2 || smollm3 || olmo3 || ministral ? 0
+                                                                     : get_int(r, o, "max_window_layers", 28, 0, big);
         bool any = false; /* a sliding layer */
         const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL;
         for (int64_t i = 0; i < L && r->st >= 0; i++, e = e ? e->next : NULL) {
             /* the configs' defaults, or the list */
             const bool full = e ? !strcmp(e->valuestring, "full_attention")
                               : gemma3 ? (i + 1) % pattern == 0 : olmo3 ? (i + 1) % 4 == 0 : gemma2 ? i % 2 == 1
-                              : smollm3 ? !sw || i >= DT_LLAMA_MAX_LAYERS || !c->nope_layers[i] : i < from;
+                              : smollm3 ? !sw || i >= DT_LLAMA_MAX_LAYERS || !c->nope_layers[i]
+                              : ministral ? !sw : i < from;
             any |= !full;
             if (i < DT_LLAMA_MAX_LAYERS)
                 c->full_attention_layers[i] = full;
@@ -707,6 +713,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                           : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
                           : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
                           : !strcmp(mt, "smollm3") ? "SmolLM3ForCausalLM" : !strcmp(mt, "olmo3") ? "Olmo3ForCausalLM"
+                          : !strcmp(mt, "ministral") ? "MinistralForCausalLM"
                           : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : NULL;
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = mt_arch ? mt_arch : mt;
@@ -750,7 +757,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                    !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Gemma2ForCausalLM") ||
                    !strcmp(arch, "Gemma3ForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
                    !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM") ||
-                   !strcmp(arch, "SmolLM3ForCausalLM") || !strcmp(arch, "Olmo3ForCausalLM")) {
+                   !strcmp(arch, "SmolLM3ForCausalLM") || !strcmp(arch, "Olmo3ForCausalLM") ||
+                   !strcmp(arch, "MinistralForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -759,7 +767,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
                             "GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
-                            "GPT2LMHeadModel; "
+                            "MinistralForCausalLM, GPT2LMHeadModel; "
                             "Gemma3ForConditionalGeneration "
                             "as its language model)", path, arch);
         }

@@ -240,12 +240,13 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite"
                        : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2"
                        : !strcmp(h->architecture, "Olmo3ForCausalLM") ? "olmo3"
-                       : !strcmp(h->architecture, "SmolLM3ForCausalLM") ? "smollm3" : "llama";
+                       : !strcmp(h->architecture, "SmolLM3ForCausalLM") ? "smollm3"
+                       : !strcmp(h->architecture, "MinistralForCausalLM") ? "ministral" : "llama";
         const bool gemma3 = !strcmp(mt, "gemma3_text"), gemma2 = !strcmp(mt, "gemma2") || gemma3;
         const bool gemma = !strcmp(mt, "gemma") || gemma2;
         const bool olmo3 = !strcmp(mt, "olmo3"), olmo2 = !strcmp(mt, "olmo2") || olmo3;
         const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
-        const bool smollm3 = !strcmp(mt, "smollm3");
+        const bool smollm3 = !strcmp(mt, "smollm3"), ministral = !strcmp(mt, "ministral");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -328,12 +329,12 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
             }
         }
         /* layers of two kinds */
-        const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2 || smollm3 || olmo3;
+        const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2 || smollm3 || olmo3 || ministral;
         if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || smollm3)
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
-        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3 || olmo3)
+        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3 || olmo3 || ministral)
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON *nr = smollm3 ? cJSON_AddArrayToObject(o, "no_rope_layers") : NULL; /* 1: RoPE, 0: NoPE */
         for (int64_t i = 0; nr && i < c->num_hidden_layers; i++)

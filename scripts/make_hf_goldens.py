@@ -63,6 +63,9 @@ with save_pretrained, and what transformers computes on fixed tokens:
                (factor 4), the sliding ones with 100 (rope_parameters, one
                object a kind), every norm weight drawn in [0.5, 1.5], GQA 4
                over 2, untied head; olmo3_ref.safetensors as qwen3's
+  ministral/   MinistralForCausalLM: Mistral's block with layer_types (sliding,
+               full, sliding) and sliding_window 8 (so T = 16 slides), GQA 4
+               over 2, untied head; ministral_ref.safetensors as qwen3's
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -106,7 +109,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM,
                           Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig, SmolLM3Config,
-                          SmolLM3ForCausalLM, Olmo3Config, Olmo3ForCausalLM)
+                          SmolLM3ForCausalLM, Olmo3Config, Olmo3ForCausalLM, MinistralConfig,
+                          MinistralForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -449,4 +453,19 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(Olmo3ForCausalLM, o3c, olmo3),
            "eval": torch.tensor(windows_loss(olmo3, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "olmo3_ref.safetensors"))
+# Ministral (MinistralForCausalLM): Mistral's block, each layer sliding or full by layer_types; its own seed, after
+# everything above
+torch.manual_seed(4114)
+mnc = MinistralConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=8,
+                      initializer_range=0.1, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                      bos_token_id=1, eos_token_id=2)  # (head_dim given: MinistralConfig leaves it None)
+ministral = MinistralForCausalLM(mnc).eval()
+ministral.save_pretrained(os.path.join(out, "ministral"))
+with torch.no_grad():
+    lg = ministral(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(MinistralForCausalLM, mnc, ministral),
+           "eval": torch.tensor(windows_loss(ministral, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "ministral_ref.safetensors"))
 print("wrote", out)

@@ -369,7 +369,7 @@ typedef struct dt_hf_config {
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                                "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
-                               "SmolLM3ForCausalLM" or "GPT2LMHeadModel";
+                               "SmolLM3ForCausalLM", "MinistralForCausalLM" or "GPT2LMHeadModel";
                                Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
                                as its language model, "Gemma3ForCausalLM", from text_config (its
                                weights: dt_ckpt_open's view of the directory) */

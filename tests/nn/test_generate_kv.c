@@ -50,7 +50,7 @@ static const gen_model g_models[] = {
     {"hf:" HF "qwen3", DT_F32, 4, 0}, {"hf:" HF "gemma", DT_F32, 6, 0}, {"hf:" HF "mistral", DT_F32, 4, 0},
     {"hf:" HF "phi3", DT_F32, 4, 0},  {"hf:" HF "phi4", DT_F32, 4, 8}, {"hf:" HF "granite", DT_F32, 8, 0},
     {"hf:" HF "olmo2", DT_F32, 4, 0},  {"hf:" HF "gemma2", DT_F32, 0.5, 0}, {"hf:" HF "gemma3", DT_F32, 2, 0},
-    {"hf:" HF "smollm3", DT_F32, 1, 0}, {"hf:" HF "olmo3", DT_F32, 4, 0},
+    {"hf:" HF "smollm3", DT_F32, 1, 0}, {"hf:" HF "olmo3", DT_F32, 4, 0}, {"hf:" HF "ministral", DT_F32, 4, 0},
 };
 #define N_MODELS (int)(sizeof g_models / sizeof g_models[0])
 

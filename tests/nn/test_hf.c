@@ -322,6 +322,16 @@ TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensor
 TEST(olmo2_adamw_steps) { adamw_steps(HF "olmo2", HF "olmo2_ref.safetensors", 10, 1e-5); }
 TEST(smollm3_adamw_steps) { adamw_steps(HF "smollm3", HF "smollm3_ref.safetensors", 10, 1e-5); }
 TEST(olmo3_adamw_steps) { adamw_steps(HF "olmo3", HF "olmo3_ref.safetensors", 10, 1e-5); }
+/* Ministral: Mistral's block with each layer's kind from layer_types (sliding, full, sliding; window 8 at 16 tokens) */
+TEST(ministral_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "ministral", &h));
+    ASSERT(h.llama.sliding_window == 8 && !h.llama.full_attention_layers[0] && h.llama.full_attention_layers[1] &&
+           !h.llama.full_attention_layers[2]);
+    parity(HF "ministral", HF "ministral_ref.safetensors", "logits");
+}
+TEST(ministral_adamw_steps) { adamw_steps(HF "ministral", HF "ministral_ref.safetensors", 10, 1e-5); }
 TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors", 10, 1e-5); }
 
 /* Gemma 3: Gemma's norm (1 + w, w drawn in [-0.5, 0.5]) on each head of q and k before RoPE, the sliding layers
@@ -918,6 +928,8 @@ int main(void)
     RUN(smollm3_adamw_steps);
     RUN(olmo3_parity);
     RUN(olmo3_adamw_steps);
+    RUN(ministral_parity);
+    RUN(ministral_adamw_steps);
     RUN(gemma2_parity);
     RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);

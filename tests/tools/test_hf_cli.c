@@ -18,7 +18,7 @@
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
 /* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite",
- * "olmo2", "olmo3", "smollm3": the key "eval" of their own _ref file; "gemma3_mm", Gemma 3's image-text model around gemma3's
+ * "olmo2", "olmo3", "smollm3", "ministral": the key "eval" of their own _ref file; "gemma3_mm", Gemma 3's image-text model around gemma3's
  * weights: gemma3's) */
 static double ref_loss(const char *key)
 {
@@ -29,7 +29,7 @@ static double ref_loss(const char *key)
         key = "gemma3";
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
         !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2") || !strcmp(key, "gemma2") ||
-        !strcmp(key, "gemma3") || !strcmp(key, "smollm3") || !strcmp(key, "olmo3")) {
+        !strcmp(key, "gemma3") || !strcmp(key, "smollm3") || !strcmp(key, "olmo3") || !strcmp(key, "ministral")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -77,6 +77,7 @@ TEST(eval_json)
     eval_case("olmo2", "olmo2", "4");
     eval_case("smollm3", "smollm3", "4"); /* a NoPE layer */
     eval_case("olmo3", "olmo3", "4");     /* sliding_window 8 < --seq; two RoPE bases */
+    eval_case("ministral", "ministral", "4"); /* sliding_window 8 < --seq on two of three layers */
     eval_case("gemma2", "gemma2", "4"); /* soft caps; sliding_window 16 = --seq */
     eval_case("gemma3", "gemma3", "4"); /* sliding_window 8 < --seq; two RoPE bases */
     eval_case("gemma3_mm", "gemma3", "4"); /* its image-text model: the language model's loss */
@@ -522,6 +523,18 @@ TEST(olmo3_save_hf_tp_pp_and_cp)
                          true, true);
     cp_matches_one("olmo3", "32", "ring");
     cp_matches_one("olmo3", "32", "ulysses");
+}
+
+/* Ministral (model_type ministral, MinistralForCausalLM): the export keeps the layers' kinds and the window and
+ * evaluates to the run's own loss; --tp 2, --pp 2 and --cp 2 (ring, at 32 tokens: past the window) give one
+ * process's losses. */
+TEST(ministral_save_hf_tp_pp_and_cp)
+{
+    save_hf_and_parallel("ministral",
+                         (const char *const[]){"\"ministral\"", "\"MinistralForCausalLM\"", "\"sliding_window\":\t8",
+                                               "\"layer_types\":\t[\"sliding_attention\", \"full_attention\"", NULL},
+                         true, true);
+    cp_matches_one("ministral", "32", "ring");
 }
 
 /* Gemma 2 (model_type gemma2, Gemma2ForCausalLM): the export keeps query_pre_attn_scalar, the soft caps (as
@@ -1353,6 +1366,7 @@ int main(void)
     RUN(olmo2_save_hf_tp_and_pp);
     RUN(smollm3_save_hf_tp_and_pp);
     RUN(olmo3_save_hf_tp_pp_and_cp);
+    RUN(ministral_save_hf_tp_pp_and_cp);
     RUN(gemma2_save_hf_tp_and_pp);
     RUN(generate_gemma2);
     RUN(gemma3_save_hf_tp_pp_and_cp);
