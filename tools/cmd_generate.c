@@ -405,6 +405,16 @@ static dt_status chat_prompt(const dt_tokenizer *t, const char *system, const ch
     return st < 0 ? dt_error(st, "--chat: %s", dt_last_error()) : st;
 }
 
+/* A refusal after the options were read (said before): what they had read freed; code the exit status. */
+static int gen_refused(int code, dt__tuning *tu, char *mname, char *vtext, dt_tokenizer *ttok)
+{
+    dt__tuning_free(tu);
+    free(mname);
+    free(vtext);
+    dt_tokenizer_free(ttok);
+    return code;
+}
+
 int dt_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
@@ -612,22 +622,14 @@ int dt_cmd_generate(int argc, char **argv)
         }
         if (lora_from || !cfg.build.lora) {
             int code = lora_from ? 2 : bad();
-            dt__tuning_free(&tu);
-            free(mname);
-            free(vtext);
-            dt_tokenizer_free(ttok);
-            return code;
+            return gen_refused(code, &tu, mname, vtext, ttok);
         }
     }
     if (lora_from) {
         dt_status ls = dt_lora_peft_config_read(lora_from, &peft);
         if (ls < 0) {
             dt__cli_err("dtrain generate: --lora-from: %s\n", dt_last_error());
-            dt__tuning_free(&tu);
-            free(mname);
-            free(vtext);
-            dt_tokenizer_free(ttok);
-            return ls == DT_ERR_NO_MEMORY ? 1 : 2;
+            return gen_refused(ls == DT_ERR_NO_MEMORY ? 1 : 2, &tu, mname, vtext, ttok);
         }
         cfg.build.lora = &peft.params;
         if (peft.left_out) /* an image-text model's: this model has no vision tower */
@@ -636,22 +638,14 @@ int dt_cmd_generate(int argc, char **argv)
     }
     dt_error_clear();
     if (cont_given && !messages) {
-        dt__tuning_free(&tu);
-        free(mname);
-        free(vtext);
-        dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: --continue-final-message continues the final message of --messages FILE: give "
                     "the conversation with it\n");
-        return 2;
+        return gen_refused(2, &tu, mname, vtext, ttok);
     }
     if (messages && (ptext || ids || system)) {
-        dt__tuning_free(&tu);
-        free(mname);
-        free(vtext);
-        dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: --messages FILE is the whole conversation: not with %s\n",
                     ptext ? "--prompt" : ids ? "--prompt-ids" : "--system");
-        return 2;
+        return gen_refused(2, &tu, mname, vtext, ttok);
     }
     if (messages) /* a prompt through the chat template: the paths of --prompt --chat on */
         ptext = messages, chat = true;
@@ -660,40 +654,24 @@ int dt_cmd_generate(int argc, char **argv)
                   dt_hf_dir_tokenizer(model, hftok, sizeof hftok);
     if (!model || !(ids || ptext) || (ids && ptext) || (ptext && !vocab && !tokenizer && !vtext && !ttok && !hf_tok) ||
         ((vocab || tokenizer) && !ptext)) {
-        dt__tuning_free(&tu);
-        free(mname);
-        free(vtext);
-        dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: give --model and either --prompt-ids, or --prompt with --vocab or --tokenizer "
                     "(see dtrain generate --help)\n");
-        return 2;
+        return gen_refused(2, &tu, mname, vtext, ttok);
     }
     if ((chat || system) && !(ptext && (tokenizer || hf_tok || (ttok && !vocab)))) {
-        dt__tuning_free(&tu);
-        free(mname);
-        free(vtext);
-        dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: %s goes with %s through a tokenizer.json (--tokenizer, an hf:DIR model's, or "
                     "a --ckpt run's), whose chat template it applies\n",
                     messages ? "--messages" : system ? "--system" : "--chat", messages ? "a model" : "--prompt");
-        return 2;
+        return gen_refused(2, &tu, mname, vtext, ttok);
     }
     if ((tkwargs || tools || ctemplate) && !chat) {
-        dt__tuning_free(&tu);
-        free(mname);
-        free(vtext);
-        dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: %s goes to the chat template: give --chat on (or --messages FILE) with it\n",
                     tkwargs ? "--chat-template-kwargs" : tools ? "--tools" : "--chat-template");
-        return 2;
+        return gen_refused(2, &tu, mname, vtext, ttok);
     }
     if (system && !chat) {
-        dt__tuning_free(&tu);
-        free(mname);
-        free(vtext);
-        dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: --system is a message of a conversation: give --chat on with it\n");
-        return 2;
+        return gen_refused(2, &tu, mname, vtext, ttok);
     }
     int64_t np = 0;
     int rc = 2;
