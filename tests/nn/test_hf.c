@@ -111,6 +111,25 @@ static void parity_of(const char *dir, const char *ref, const char *logits_key, 
     free(wl);
 }
 
+/* A copy of golden directory src in a new temporary directory dir (a mkdtemp template, filled in), the shell
+ * command edit run in it after the copy: 0, else -1. */
+static int edited_copy(const char *src, char *dir, const char *edit)
+{
+    char cmd[1600];
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(cmd, sizeof cmd, "cp '%s'/* '%s' && cd '%s' && %s", src, dir, dir, edit);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* dir and what it holds removed: 0, else -1. */
+static int remove_dir(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 /* ref's "logits" of its 16 tokens, and its "loss" with the key "logits" */
 static void parity(const char *dir, const char *ref, const char *logits_key)
 {
@@ -183,16 +202,13 @@ TEST(olmo3_parity)
            h.llama.rope_local_theta == 100 && h.llama.rope_type == DT_ROPE_LINEAR);
     ASSERT(!h.llama.full_attention_layers[0] && !h.llama.full_attention_layers[2] && h.llama.full_attention_layers[3]);
     parity(HF "olmo3", HF "olmo3_ref.safetensors", "logits");
-    char dir[] = "/tmp/dt_hfolmo3_XXXXXX", cmd[600];
-    ASSERT(mkdtemp(dir) != NULL);
-    snprintf(cmd, sizeof cmd, "cp " HF "olmo3/* '%s' && sed -i -z 's/\"rope_parameters\": {[^}]*}[^}]*}[^}]*}/"
-             "\"rope_theta\": 1000.0/' '%s/config.json' && grep -q '\"rope_theta\": 1000.0,' '%s/config.json'", dir,
-             dir, dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    char dir[] = "/tmp/dt_hfolmo3_XXXXXX";
+    ASSERT_EQ_INT(edited_copy(HF "olmo3", dir, "sed -i -z 's/\"rope_parameters\": {[^}]*}[^}]*}[^}]*}/\"rope_theta\": "
+                                               "1000.0/' config.json && grep -q '\"rope_theta\": 1000.0,' config.json"),
+                  0);
     ASSERT_OK(dt_hf_config_read(dir, &h));
     ASSERT(h.llama.rope_theta == 1000 && h.llama.rope_local_theta == 5e5 && h.llama.rope_type == DT_ROPE_DEFAULT);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_EQ_INT(remove_dir(dir), 0);
 }
 
 /* SmolLM3: the Llama block with a NoPE layer (no_rope_layers [1, 0, 1]: the middle one attends without RoPE), the
@@ -206,12 +222,11 @@ TEST(smollm3_parity)
     ASSERT(!h.llama.nope_layers[0] && h.llama.nope_layers[1] && !h.llama.nope_layers[2]);
     ASSERT(h.llama.rope_theta == 2e6 && h.llama.tie_word_embeddings && h.llama.attention_bias);
     parity(HF "smollm3", HF "smollm3_ref.safetensors", "logits");
-    char dir[] = "/tmp/dt_hfnope_XXXXXX", cmd[600];
-    ASSERT(mkdtemp(dir) != NULL);
-    snprintf(cmd, sizeof cmd, "cp " HF "smollm3/* '%s' && sed -i -z 's/\"no_rope_layers\": \\[\\n    1,\\n    0,/"
-             "\"no_rope_layers\": [1, 1,/' '%s/config.json' && grep -q '\"no_rope_layers\": \\[1, 1,' '%s/config.json'",
-             dir, dir, dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    char dir[] = "/tmp/dt_hfnope_XXXXXX";
+    ASSERT_EQ_INT(edited_copy(HF "smollm3", dir, "sed -i -z 's/\"no_rope_layers\": \\[\\n    1,\\n    0,/"
+                                                 "\"no_rope_layers\": [1, 1,/' config.json && "
+                                                 "grep -q '\"no_rope_layers\": \\[1, 1,' config.json"),
+                  0);
     ASSERT_OK(dt_hf_config_read(dir, &h));
     ASSERT(!h.llama.nope_layers[0] && !h.llama.nope_layers[1] && !h.llama.nope_layers[2]);
     size_t nid = 0, nl = 0;
@@ -234,8 +249,7 @@ TEST(smollm3_parity)
     dt_trainer_free(tr);
     dt_model_free(m);
     free(ids), free(want);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_EQ_INT(remove_dir(dir), 0);
 }
 
 /* Gemma 2: norms before and after attention and MLP, query_pre_attn_scalar
@@ -434,18 +448,16 @@ TEST(llama_pad_token_adamw_steps)
     size_t n1 = 0;
     int64_t *pad = t_read_tensor(ref, "pad_token_id", &n1);
     ASSERT(pad && n1 == 1);
-    char dir[] = "/tmp/dt_hfpad_XXXXXX", cmd[600];
-    ASSERT(mkdtemp(dir) != NULL);
-    snprintf(cmd, sizeof cmd, "cp " HF "llama/* '%s' && sed -i 's/\"pad_token_id\": null/\"pad_token_id\": %lld/' "
-             "'%s/config.json' && grep -q '\"pad_token_id\": %lld' '%s/config.json'", dir,
-             pad ? (long long)pad[0] : 0LL, dir, pad ? (long long)pad[0] : 0LL, dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    char dir[] = "/tmp/dt_hfpad_XXXXXX", edit[300];
+    const long long id = pad ? (long long)pad[0] : 0LL;
+    snprintf(edit, sizeof edit, "sed -i 's/\"pad_token_id\": null/\"pad_token_id\": %lld/' config.json && "
+             "grep -q '\"pad_token_id\": %lld' config.json", id, id);
+    ASSERT_EQ_INT(edited_copy(HF "llama", dir, edit), 0);
     dt_hf_config h;
     ASSERT_OK(dt_hf_config_read(dir, &h));
     ASSERT(h.llama.has_pad_token && pad && h.llama.pad_token_id == pad[0]);
     adamw_steps(dir, ref, 10, 1e-5);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_EQ_INT(remove_dir(dir), 0);
     free(pad);
 }
 
@@ -454,9 +466,7 @@ TEST(llama_pad_token_adamw_steps)
 TEST(llama_yarn)
 {
     char dir[] = "/tmp/dt_hfyarn_XXXXXX", cmd[600];
-    ASSERT(mkdtemp(dir) != NULL);
-    snprintf(cmd, sizeof cmd, "cp " HF "llama/* '%s' && cp " HF "llama_yarn_config.json '%s/config.json'", dir, dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_EQ_INT(edited_copy(HF "llama", dir, "cp " HF "llama_yarn_config.json config.json"), 0);
     dt_hf_config h;
     ASSERT_OK(dt_hf_config_read(dir, &h));
     ASSERT_EQ_INT(h.llama.rope_type, DT_ROPE_YARN);
@@ -476,8 +486,7 @@ TEST(llama_yarn)
     ASSERT_EQ_INT(system(cmd), 0);
     ASSERT_STATUS(dt_hf_config_read(dir, &h), DT_ERR_FORMAT);
     ASSERT_STR_CONTAINS(dt_last_error(), "rope scaling 'dynamic' needs a factor");
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_EQ_INT(remove_dir(dir), 0);
 }
 
 /* config.json as read */
