@@ -401,6 +401,7 @@ typedef struct item {
     int64_t shape[DT_MAX_DIMS];
     int shard;
     int64_t lora_a, lora_b; /* LoRA adapters merged into it (checkpoint tensors), else -1 */
+    int64_t lora_m;         /* and DoRA's magnitudes, else -1 */
     int64_t r;              /* their rank */
     bool fan_in_fan_out;    /* a Conv1D ([in, out]): the update is transposed */
 } item;
@@ -454,7 +455,8 @@ static void remove_tmp(const char *tmp, int nshard)
 
 /* PEFT's merge_and_unload: w += scaling * (B @ A) (transposed for a
  * Conv1D), B @ A summed in double and rounded to f32 as torch's f32 matmul
- * gives it to within its rounding. */
+ * gives it to within its rounding; with DoRA's magnitudes m, each output
+ * feature's row of that sum then times m / its norm. */
 static dt_status merge_lora(dt_ckpt *ck, const item *t, float scaling, float *w)
 {
     const int64_t out = t->fan_in_fan_out ? t->shape[1] : t->shape[0];
@@ -474,6 +476,21 @@ static dt_status merge_lora(dt_ckpt *ck, const item *t, float scaling, float *w)
             float d = (float)s * scaling;
             w[t->fan_in_fan_out ? i * out + o : o * in + i] += d;
         }
+    float *mg = st >= 0 && t->lora_m >= 0 ? malloc((size_t)out * sizeof *mg) : NULL;
+    if (st >= 0 && t->lora_m >= 0 && !mg)
+        st = dt_error(DT_ERR_NO_MEMORY, "merging DoRA adapters: out of memory");
+    if (mg && st >= 0)
+        st = read_f32(ck, t->lora_m, mg, (size_t)out, tmp);
+    for (int64_t o = 0; mg && st >= 0 && o < out; o++) {
+        const size_t at = t->fan_in_fan_out ? (size_t)o : (size_t)(o * in), step = t->fan_in_fan_out ? (size_t)out : 1;
+        double ss = 0;
+        for (int64_t i = 0; i < in; i++)
+            ss += (double)w[at + (size_t)i * step] * w[at + (size_t)i * step];
+        const float f = mg[o] / (float)sqrt(ss);
+        for (int64_t i = 0; i < in; i++)
+            w[at + (size_t)i * step] *= f;
+    }
+    free(mg);
     free(a);
     free(b);
     free(tmp);
@@ -577,24 +594,26 @@ static int64_t find_either(dt_ckpt *ck, const char *name)
 }
 
 /* The LoRA adapters of parameter x ("L.weight": "L.lora_A.weight" [r, in],
- * "L.lora_B.weight" [out, r]) in ck, to merge; *nmerged counts them. */
+ * "L.lora_B.weight" [out, r], DoRA's "L.lora_magnitude_vector.weight"
+ * [out] if any) in ck, to merge; *nmerged counts their tensors. */
 static dt_status find_lora(dt_ckpt *ck, const dt_model *m, const char *src, const dt_hf_save_params *p, item *x,
                            size_t *nmerged)
 {
-    x->lora_a = x->lora_b = -1;
+    x->lora_a = x->lora_b = x->lora_m = -1;
     size_t l = strlen(x->name);
     if (l < 8 || strcmp(x->name + l - 7, ".weight") || x->ndim != 2)
         return DT_OK;
-    char an[720], bn[720], layer[600];
+    char an[720], bn[720], mn[720], layer[600];
     snprintf(layer, sizeof layer, "%.*s", (int)(l - 7), x->name);
     snprintf(an, sizeof an, "%s.lora_A.weight", layer);
     snprintf(bn, sizeof bn, "%s.lora_B.weight", layer);
-    int64_t a = find_either(ck, an), b = find_either(ck, bn);
-    if (a < 0 && b < 0)
+    snprintf(mn, sizeof mn, "%s." DT_LORA_MAGNITUDE ".weight", layer);
+    int64_t a = find_either(ck, an), b = find_either(ck, bn), mg = find_either(ck, mn);
+    if (a < 0 && b < 0 && mg < 0)
         return DT_OK;
     if (a < 0 || b < 0)
         return dt_error(DT_ERR_NOT_FOUND, "%s has '%s' but not '%s' (LoRA adapters come in pairs)", src,
-                        a < 0 ? bn : an, a < 0 ? an : bn);
+                        a >= 0 ? an : b >= 0 ? bn : mn, a < 0 ? an : bn);
     if (!(p->lora_scaling > 0))
         return dt_error(DT_ERR_INVALID_ARG, "%s holds LoRA adapters ('%s'): merging them needs their scaling "
                         "(alpha / r; dt_hf_save_params.lora_scaling), and leaving them out would write the "
@@ -603,19 +622,24 @@ static dt_status find_lora(dt_ckpt *ck, const dt_model *m, const char *src, cons
     x->fan_in_fan_out = lm && !strcmp(dt_module_type(lm), "Conv1D");
     const int64_t out = x->fan_in_fan_out ? x->shape[1] : x->shape[0];
     const int64_t in = x->fan_in_fan_out ? x->shape[0] : x->shape[1];
-    dt_ckpt_tensor ta, tb;
+    dt_ckpt_tensor ta, tb, tm;
     dt_status st = dt_ckpt_tensor_at(ck, (size_t)a, &ta);
     if (st >= 0)
         st = dt_ckpt_tensor_at(ck, (size_t)b, &tb);
+    if (st >= 0 && mg >= 0)
+        st = dt_ckpt_tensor_at(ck, (size_t)mg, &tm);
     if (st < 0)
         return st;
+    if (mg >= 0 && (tm.ndim != 1 || tm.shape[0] != out))
+        return dt_error(DT_ERR_SHAPE, "%s: DoRA magnitudes '%s' [%lld] do not fit '%s' (out %lld)", src, mn,
+                        (long long)tm.shape[0], x->name, (long long)out);
     if (ta.ndim != 2 || tb.ndim != 2 || ta.shape[1] != in || tb.shape[0] != out || tb.shape[1] != ta.shape[0])
         return dt_error(DT_ERR_SHAPE, "%s: LoRA adapters '%s' [%lld, %lld] and '%s' [%lld, %lld] do not fit '%s' "
                         "(in %lld, out %lld)", src, an, (long long)ta.shape[0], (long long)(ta.ndim > 1 ? ta.shape[1] : 0),
                         bn, (long long)tb.shape[0], (long long)(tb.ndim > 1 ? tb.shape[1] : 0), x->name,
                         (long long)in, (long long)out);
-    x->lora_a = a, x->lora_b = b, x->r = ta.shape[0];
-    *nmerged += 1;
+    x->lora_a = a, x->lora_b = b, x->lora_m = mg, x->r = ta.shape[0];
+    *nmerged += mg >= 0 ? 3 : 2;
     return DT_OK;
 }
 
@@ -631,9 +655,9 @@ static dt_status all_merged(dt_ckpt *ck, const char *src, size_t nmerged)
         n++;
         one = t.name;
     }
-    if (n != 2 * nmerged)
+    if (n != nmerged)
         return dt_error(DT_ERR_NOT_FOUND, "%s holds %zu LoRA adapter tensors (e.g. '%s') of which %zu belong to no "
-                        "parameter of the model: not merged", src, n, one ? one : "?", n - 2 * nmerged);
+                        "parameter of the model: not merged", src, n, one ? one : "?", n - nmerged);
     return DT_OK;
 }
 

@@ -47,7 +47,18 @@ down_proj, dropout 0, task CAUSAL_LM.
            input_ids, logits and base_logits as gemma3_mm_ref's, with these
            adapters
 
+  dora_init/, dora_after/, dora_ref.safetensors:
+           as init/, after/ and ref.safetensors with DoRA (use_dora=True,
+           after torch.manual_seed(23)): each adapted layer also has
+           lora_magnitude_vector [out], saved under
+           base_model.model.<layer>.lora_magnitude_vector
+  gpt2_dora_init/, gpt2_dora_after/, gpt2_dora_ref.safetensors:
+           the same with DoRA on tests/data/hf/gpt2's Conv1D layers c_attn
+           and c_proj (fan_in_fan_out=True, after torch.manual_seed(29)),
+           input_ids below its vocabulary, the model's dropout off
+
 Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
+       $PEER_PYTHON scripts/make_lora_goldens.py --dora [tests/data]   (only the DoRA files)
        $PEER_PYTHON scripts/make_lora_goldens.py --check ADAPTER_DIR [tests/data]
 The second form loads adapters another program wrote (dtrain train
 --save-lora, or the test's own) with PeftModel.from_pretrained on the same
@@ -63,8 +74,9 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import save_file
 from transformers import Gemma3ForConditionalGeneration, LlamaForCausalLM
 
-args = [a for a in sys.argv[1:] if a != "--check"]
+args = [a for a in sys.argv[1:] if a not in ("--check", "--dora")]
 check = "--check" in sys.argv[1:]
+dora_only = "--dora" in sys.argv[1:]
 data = args[1] if check and len(args) > 1 else (args[0] if args and not check else "tests/data")
 base_dir = os.path.join(data, "hf", "llama")
 out = os.path.join(data, "lora")
@@ -84,6 +96,51 @@ if check:
     ids = torch.randint(0, base.config.vocab_size, (2, 2, T + 1), generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
         print(f"PEFT loaded {args[0]}: {n} adapter tensors; loss of batch 0: {loss_of(pm.eval(), ids[0]).item():.8f}")
+    sys.exit(0)
+
+
+
+def train_save(pm, ids, name, targets):
+    """10 AdamW steps of PEFT model pm on ids[k % 2]; its adapters before and after (out/NAME_init, out/NAME_after),
+    the losses and the merged targets in out/NAME_ref.safetensors"""
+    pm.save_pretrained(os.path.join(out, name + "_init"))
+    os.remove(os.path.join(out, name + "_init", "README.md"))
+    pm.train()
+    opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.1)
+    losses = []
+    for k in range(10):
+        opt.zero_grad()
+        l = loss_of(pm, ids[k % 2])
+        losses.append(l.item())
+        l.backward()
+        opt.step()
+    pm.save_pretrained(os.path.join(out, name + "_after"))
+    os.remove(os.path.join(out, name + "_after", "README.md"))
+    merged = pm.merge_and_unload()
+    refs = {"input_ids": ids.clone(), "loss": torch.tensor(losses, dtype=torch.float32)}
+    for pname, t in merged.state_dict().items():
+        if any(pname.endswith(x + ".weight") for x in targets):
+            refs["merged." + pname] = t.detach().clone().contiguous()
+    save_file(refs, os.path.join(out, name + "_ref.safetensors"))
+    print(name, "losses", " ".join(f"{x:.6f}" for x in losses))
+
+
+if dora_only:
+    from transformers import GPT2LMHeadModel
+    base = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    ids = torch.randint(0, base.config.vocab_size, (2, 2, T + 1), generator=torch.Generator().manual_seed(11))
+    torch.manual_seed(23)
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, use_dora=True,
+                                         task_type="CAUSAL_LM"))
+    train_save(pm, ids, "dora", TARGETS)
+    g = GPT2LMHeadModel.from_pretrained(os.path.join(data, "hf", "gpt2"), torch_dtype=torch.float32, resid_pdrop=0.0,
+                                        embd_pdrop=0.0, attn_pdrop=0.0)  # deterministic steps
+    gids = torch.randint(0, g.config.vocab_size, (2, 2, T + 1), generator=torch.Generator().manual_seed(31))
+    torch.manual_seed(29)
+    pm = get_peft_model(g, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], lora_dropout=0.0,
+                                      use_dora=True, fan_in_fan_out=True, task_type="CAUSAL_LM"))
+    train_save(pm, gids, "gpt2_dora", ["c_attn", "c_proj"])
     sys.exit(0)
 
 os.makedirs(out, exist_ok=True)

@@ -164,6 +164,10 @@ static const opt_def opts[] = {
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
     {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
     {"lora-rslora", OPT_FLAG, OFF(lora_rslora), 0, 0, NULL, NULL, "LoRA scaling alpha/sqrt(r) (rsLoRA) for alpha/r"},
+    {"lora-dora", OPT_FLAG, OFF(lora_dora), 0, 0, NULL, NULL,
+     "DoRA (PEFT's use_dora): each adapted layer also learns a magnitude per output feature (lora_magnitude_vector, "
+     "starting at the base weight's row norms) and computes m / ||W + s B A|| * (W x + s B(A(x))) + bias, the norms "
+     "taken as constants in the backward; not with --tp"},
     {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
      "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
      "dropout and rsLoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
@@ -795,14 +799,15 @@ int dt__train_check(dt__train_opts *o)
                     "tokenizer.json)\n");
         return 2;
     }
-    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora) && !o->lora_targets) {
-        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout and --lora-rslora go with "
+    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->lora_dora) &&
+        !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora and --lora-dora go with "
                     "--lora-targets NAME[,NAME...]\n");
         return 2;
     }
     if (o->lora_from && o->lora_targets) {
         dt__cli_err("dtrain train: --lora-from DIR takes the LoRA settings from DIR/adapter_config.json: not with "
-                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout or --lora-rslora\n");
+                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout, --lora-rslora or --lora-dora\n");
         return 2;
     }
     if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {

@@ -55,6 +55,7 @@ dt_status dt__tuning_read(const char *path, dt__tuning *out)
             out->lora_alpha = a->valuedouble;
             out->lora_dropout = d->valuedouble;
             out->lora_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "rslora"));
+            out->lora_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "dora"));
         }
     }
     if (st >= 0)
@@ -90,6 +91,7 @@ dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
     p->alpha = (float)t->lora_alpha;
     p->dropout = (float)t->lora_dropout;
     p->rslora = t->lora_rslora;
+    p->dora = t->lora_dora;
     return DT_OK;
 }
 
@@ -105,6 +107,7 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
         cJSON_AddNumberToObject(l, "alpha", (double)lp->alpha);
         cJSON_AddNumberToObject(l, "dropout", (double)lp->dropout);
         cJSON_AddBoolToObject(l, "rslora", lp->rslora);
+        cJSON_AddBoolToObject(l, "dora", lp->dora);
     } else {
         cJSON_AddNullToObject(o, "lora");
     }
@@ -117,13 +120,13 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
     return s;
 }
 
-void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora,
+void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
                          const char *freeze, char *buf, size_t n)
 {
     size_t k = 0;
     if (targets)
-        k = (size_t)snprintf(buf, n, "--lora-targets %s --lora-r %lld --lora-alpha %g --lora-dropout %g%s", targets,
-                             (long long)r, alpha, dropout, rslora ? " --lora-rslora" : "");
+        k = (size_t)snprintf(buf, n, "--lora-targets %s --lora-r %lld --lora-alpha %g --lora-dropout %g%s%s", targets,
+                             (long long)r, alpha, dropout, rslora ? " --lora-rslora" : "", dora ? " --lora-dora" : "");
     else
         k = (size_t)snprintf(buf, n, "no LoRA");
     if (k < n)
@@ -137,5 +140,5 @@ bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_pa
     if (!targets)
         return true;
     return !strcmp(ck->lora_targets, targets) && ck->lora_r == lp->r && (float)ck->lora_alpha == lp->alpha &&
-           (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora;
+           (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora && ck->lora_dora == lp->dora;
 }

@@ -122,6 +122,7 @@ int dt__tr_lora_from(dt__train_run *t)
     t->o.lora_alpha = t->peft.params.alpha;
     t->o.lora_dropout = t->peft.params.dropout;
     t->o.lora_rslora = t->peft.params.rslora;
+    t->o.lora_dora = t->peft.params.dora;
     return 0;
 }
 
@@ -159,6 +160,7 @@ static int ckpt_tuning(dt__train_run *t, const char *eval_ckpt)
         t->o.lora_alpha = t->ck_tuning.lora_alpha;
         t->o.lora_dropout = t->ck_tuning.lora_dropout;
         t->o.lora_rslora = t->ck_tuning.lora_rslora;
+        t->o.lora_dora = t->ck_tuning.lora_dora;
     }
     return 0;
 }
@@ -170,10 +172,10 @@ static int check_tuning(dt__train_run *t, const char *eval_ckpt)
     if (!t->ck_path || dt__tuning_same(c, t->o.lora_targets, &t->lora, t->o.freeze))
         return 0;
     char ck[1500], here[1500];
-    dt__tuning_describe(c->lora_targets, c->lora_r, c->lora_alpha, c->lora_dropout, c->lora_rslora, c->freeze, ck,
-                        sizeof ck);
-    dt__tuning_describe(t->o.lora_targets, t->lora.r, t->lora.alpha, t->lora.dropout, t->lora.rslora, t->o.freeze,
-                        here, sizeof here);
+    dt__tuning_describe(c->lora_targets, c->lora_r, c->lora_alpha, c->lora_dropout, c->lora_rslora, c->lora_dora,
+                        c->freeze, ck, sizeof ck);
+    dt__tuning_describe(t->o.lora_targets, t->lora.r, t->lora.alpha, t->lora.dropout, t->lora.rslora, t->lora.dora,
+                        t->o.freeze, here, sizeof here);
     dt__cli_err("dtrain train: %s %s was trained with %s; this command has %s: give the checkpoint's settings, or "
                 "none (they are then taken from it)\n", eval_ckpt ? "--ckpt" : "--resume", t->ck_path, ck, here);
     return 2;
@@ -206,6 +208,7 @@ int dt__tr_freeze_patterns(dt__train_run *t, const char *eval_ckpt)
         t->lora.alpha = (float)t->o.lora_alpha;
     t->lora.dropout = (float)t->o.lora_dropout;
     t->lora.rslora = t->o.lora_rslora;
+    t->lora.dora = t->o.lora_dora;
     t->lora.targets = t->lora_targets;
     return check_tuning(t, eval_ckpt);
 }
@@ -243,8 +246,9 @@ static int freeze_report(dt__train_run *t)
                t->lora_targets ? "LoRA (adapters on " : "--freeze ", t->lora_targets ? t->o.lora_targets : t->o.freeze,
                t->lora_targets ? ")" : "", dt_model_param_count(t->model));
     if (dt__ddp_is_main(&t->ddp) && t->lora_targets && !t->eval_json)
-        printf("LoRA: r %lld, alpha %g, dropout %g, scaling %g%s\n", (long long)t->lora.r, (double)t->lora.alpha,
-               (double)t->lora.dropout, (double)dt_lora_scaling(&t->lora), t->lora.rslora ? " (rsLoRA)" : "");
+        printf("LoRA: r %lld, alpha %g, dropout %g, scaling %g%s%s\n", (long long)t->lora.r, (double)t->lora.alpha,
+               (double)t->lora.dropout, (double)dt_lora_scaling(&t->lora), t->lora.rslora ? " (rsLoRA)" : "",
+               t->lora.dora ? ", DoRA" : "");
     return 0;
 }
 

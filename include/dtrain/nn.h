@@ -465,7 +465,17 @@ DT_API void dt_module_clear_hooks(dt_module *m);
  * the model starts as the base), and computes base(x) + scaling *
  * B(A(dropout(x))), scaling = alpha / r (alpha / sqrt(r) with rslora).
  * Every other parameter of the model is frozen (dt_model_build_params.frozen
- * semantics): only the adapters train. */
+ * semantics): only the adapters train.
+ * With dora (DoRA, PEFT's use_dora) each adapted layer also gets
+ * lora_magnitude_vector.weight [out] (trainable) and computes
+ * m / ||W + scaling B A|| * (W x + scaling B(A(x))) + bias, the row norms
+ * of the adapted weight taken as constants in the backward (PEFT detaches
+ * them); with lora_dropout active in training, PEFT's form
+ * base(x) + (m / n - 1) W x' + m / n scaling B(A(x')), x' = dropout(x). The
+ * magnitudes start at the base weight's row norms ||W||: a trainer writes
+ * them when it starts and when it loads base weights without them
+ * (dt_trainer_init, dt_trainer_load_weights). DoRA on a tensor-parallel
+ * layer is DT_ERR_UNSUPPORTED. */
 typedef struct dt_lora_params {
     int64_t r;                   /* rank, 1..65536 (default 8) */
     float alpha;                 /* lora_alpha (default 8) */
@@ -475,11 +485,20 @@ typedef struct dt_lora_params {
                                     {"all-linear", NULL}: every Linear and Conv1D layer but the output
                                     layer lm_head (PEFT's target_modules = "all-linear") */
     bool rslora;                 /* scaling alpha / sqrt(r) (default false) */
+    bool dora;                   /* DoRA: weight-decomposed adapters (default false) */
 } dt_lora_params;
 DT_API dt_lora_params dt_lora_params_default(void);
+/* DoRA's magnitudes' child module (PEFT's name; its parameter "weight"). */
+#define DT_LORA_MAGNITUDE "lora_magnitude_vector"
 /* Whether parameter name `name` is a LoRA adapter's weight (it ends in
- * ".lora_A.weight" or ".lora_B.weight"). */
+ * ".lora_A.weight", ".lora_B.weight" or, DoRA's magnitudes,
+ * ".lora_magnitude_vector.weight"). */
 DT_API bool dt_lora_is_adapter(const char *name);
+/* Whether `name` ends in ".lora_magnitude_vector.weight" (DoRA). */
+DT_API bool dt_lora_is_magnitude(const char *name);
+/* The length of the adapted layer's name in adapter weight `name`
+ * ("h.0.attn.c_attn.lora_A.weight": 15), 0 if it is none. */
+DT_API size_t dt_lora_layer_len(const char *name);
 /* Whether targets are {"all-linear", NULL} (PEFT's shorthand: every Linear
  * and Conv1D layer but the output layer). */
 DT_API bool dt_lora_targets_all_linear(const char *const *targets);

@@ -49,5 +49,8 @@ dt_status dt__ckpt_rename(dt_ckpt *ck, dt__ckpt_rename_fn fn, void *ud, const ch
  * the projector's is DT_ERR_UNSUPPORTED naming one; a key under both
  * names DT_ERR_FORMAT (dt__ckpt_rename). */
 dt_status dt__lora_peft_view(dt_ckpt *ck, const char *file, size_t *left_out);
+/* Whether key is an adapter tensor as PEFT names them: "L.lora_A.weight", "L.lora_B.weight", or DoRA's magnitudes
+ * "L.lora_magnitude_vector" (*magnitude; the model's parameter is the key + ".weight"). lora_peft.c. */
+bool dt__lora_peft_key(const char *key, bool *magnitude);
 
 #endif

@@ -37,12 +37,13 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         dt_model_entry(m, i, &pi);
         if (!dt_lora_is_adapter(pi.name))
             continue;
+        const bool mag = dt_lora_is_magnitude(pi.name); /* DoRA's [out] */
         int64_t ci = -1;
         dt_ckpt_tensor ct;
         /* from a checkpoint: its full tensor (a tensor-parallel rank holds a slice) */
         int64_t full[DT_MAX_DIMS];
         memcpy(full, pi.shape, sizeof full);
-        if (ck && dt_module_lora(pi.module ? dt_module_parent(pi.module) : NULL)) {
+        if (ck && !mag && dt_module_lora(pi.module ? dt_module_parent(pi.module) : NULL)) {
             const dt_lora_hook *h = dt_module_lora(dt_module_parent(pi.module));
             const bool is_a = !strcmp(pi.name + strlen(pi.name) - 14, ".lora_A.weight");
             if (is_a && h->split == 2)
@@ -50,11 +51,11 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             else if (!is_a && h->split == 1)
                 full[0] = h->out;
         }
-        const uint64_t fnum = (uint64_t)full[0] * (uint64_t)full[1];
+        const uint64_t fnum = (uint64_t)full[0] * (uint64_t)(mag ? 1 : full[1]);
         if (ck && ((ci = dt_ckpt_find(ck, pi.name)) < 0 || dt_ckpt_tensor_at(ck, (size_t)ci, &ct) < 0 ||
-                   ct.numel != fnum || ct.ndim != 2 || ct.shape[0] != full[0] || ct.shape[1] != full[1]))
-            st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' [%lld, %lld]", dir,
-                          src, pi.name, (long long)full[0], (long long)full[1]);
+                   ct.numel != fnum || ct.ndim != pi.ndim || ct.shape[0] != full[0] || (!mag && ct.shape[1] != full[1])))
+            st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' [%lld%s%lld]", dir,
+                          src, pi.name, (long long)full[0], mag ? "" : ", ", mag ? 0LL : (long long)full[1]);
         else if (!ck && pi.tp_dim && dt_module_lora(dt_module_parent(pi.module)) &&
                  dt_module_lora(dt_module_parent(pi.module))->ranks > 1)
             st = dt_error(DT_ERR_STATE, "LoRA adapters %s: '%s' is this rank's tensor-parallel slice (save from a "
@@ -67,10 +68,11 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             st = dt_error(DT_ERR_NO_MEMORY, "LoRA adapters %s: out of memory", dir);
         if (st < 0)
             break;
-        snprintf(names[n], l, PREFIX "%s", pi.name);
+        /* PEFT's key: the magnitudes' without ".weight" */
+        snprintf(names[n], l, PREFIX "%.*s", (int)(strlen(pi.name) - (mag ? 7 : 0)), pi.name);
         /* the layer (the name without ".lora_X.weight") is a Conv1D: PEFT's fan_in_fan_out */
         char layer[512];
-        snprintf(layer, sizeof layer, "%.*s", (int)(strlen(pi.name) - 14), pi.name);
+        snprintf(layer, sizeof layer, "%.*s", (int)dt_lora_layer_len(pi.name), pi.name);
         const dt_module *lm = dt_model_find_module(m, layer);
         fan_in_fan_out |= lm && (!strcmp(dt_module_type(lm), "Conv1D") || (dt_module_lora(lm) &&
                                                                            dt_module_lora(lm)->weight_in_out));
@@ -90,7 +92,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
     for (size_t k = 0; st == DT_OK && k < n; k++) {
         dt_param_info pi;
         dt_model_entry(m, idx[k], &pi);
-        const size_t numel = (size_t)(d[k].shape[0] * d[k].shape[1]);
+        const size_t numel = (size_t)d[k].shape[0] * (size_t)(d[k].ndim > 1 ? d[k].shape[1] : 1);
         size_t bytes = numel * dt_st_dtype_size(d[k].dtype);
         if (!ck) {
             st = dt_st_writer_write(w, k, pi.tensor->data, bytes);
@@ -148,7 +150,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         cJSON_AddNullToObject(c, "revision");
         cJSON_AddItemToObject(c, "target_modules", targets);
         cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
-        cJSON_AddBoolToObject(c, "use_dora", false);
+        cJSON_AddBoolToObject(c, "use_dora", p->dora);
         cJSON_AddBoolToObject(c, "use_rslora", p->rslora);
         char *txt = cJSON_Print(c);
         snprintf(path, sizeof path, "%s/adapter_config.json", dir);
@@ -217,6 +219,14 @@ static bool at_default(const cJSON *v)
            (cJSON_IsArray(v) && !v->child) || (cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
 }
 
+bool dt__lora_peft_key(const char *key, bool *magnitude)
+{
+    static const char sfx[] = "." DT_LORA_MAGNITUDE;
+    const size_t n = strlen(key), k = sizeof sfx - 1;
+    *magnitude = n > k && !strcmp(key + n - k, sfx);
+    return *magnitude || dt_lora_is_adapter(key);
+}
+
 /* PEFT's keys of an image-text model's adapters as the text model's
  * (dt__lora_peft_view): the vision tower's and the projector's counted and
  * left out, the first of them kept for a message. */
@@ -233,7 +243,8 @@ static dt_status peft_name(const char *name, void *ud, char **out)
     size_t skip = 0;
     const dt__mm_part part = strncmp(name, PREFIX, pl) ? DT__MM_NONE : dt__mm_name(name + pl, &to, &skip);
     *out = NULL;
-    if (part == DT__MM_VISION && dt_lora_is_adapter(name)) { /* dtrain has no vision tower to put them on */
+    bool mag;
+    if (part == DT__MM_VISION && dt__lora_peft_key(name, &mag)) { /* dtrain has no vision tower to put them on */
         if (pn->vision++ == 0)
             snprintf(pn->first_vision, sizeof pn->first_vision, "%s", name);
         return DT_OK;
@@ -311,8 +322,8 @@ static dt_status target_regex(const char *file, const char *pat, dt__re **out)
  * Then the file seen as the text model's adapters (dt__lora_peft_view):
  * *left_out of an image-text model's vision tower, a vision-only file or
  * a key under two names refused before any model is built. */
-static dt_status check_adapters(const char *dir, int64_t r, size_t *left_out, const dt__re *re, const char *pat,
-                                char ***targets)
+static dt_status check_adapters(const char *dir, int64_t r, bool dora, size_t *left_out, const dt__re *re,
+                                const char *pat, char ***targets)
 {
     char file[4200], layer[1024];
     snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
@@ -326,7 +337,12 @@ static dt_status check_adapters(const char *dir, int64_t r, size_t *left_out, co
         const bool a = strlen(t.name) > 14 && !strcmp(t.name + strlen(t.name) - 14, ".lora_A.weight");
         size_t ms, me;
         int m = 1;
-        if (dt_lora_is_adapter(t.name) && (t.ndim != 2 || t.shape[a ? 0 : 1] != r))
+        bool mag;
+        if (dt__lora_peft_key(t.name, &mag) && mag && (!dora || t.ndim != 1))
+            st = dt_error(dora ? DT_ERR_MISMATCH : DT_ERR_FORMAT, "%s: tensor '%s' %s", file, t.name,
+                          dora ? "is not one-dimensional (DoRA's magnitudes: one per output feature)"
+                               : "holds DoRA magnitudes, but \"use_dora\" in adapter_config.json is not true");
+        else if (dt_lora_is_adapter(t.name) && (t.ndim != 2 || t.shape[a ? 0 : 1] != r))
             st = dt_error(DT_ERR_MISMATCH, "%s: tensor '%s' is not of rank %lld (\"r\" in adapter_config.json): "
                           "shape [%lld, %lld]", file, t.name, (long long)r, (long long)t.shape[0],
                           (long long)(t.ndim > 1 ? t.shape[1] : 0));
@@ -411,10 +427,11 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     const cJSON *al = cJSON_GetObjectItemCaseSensitive(c, "lora_alpha");
     const cJSON *dr = cJSON_GetObjectItemCaseSensitive(c, "lora_dropout");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(c, "use_rslora");
+    const cJSON *ud = cJSON_GetObjectItemCaseSensitive(c, "use_dora");
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(c, "target_modules");
     const cJSON *bm = cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path");
     /* what dtrain's adapters do not express: refused by name, never dropped */
-    static const char *const must_default[] = {"use_dora", "lora_bias", "modules_to_save", "layers_to_transform",
+    static const char *const must_default[] = {"lora_bias", "modules_to_save", "layers_to_transform",
                                                "layers_pattern", "rank_pattern", "alpha_pattern", "exclude_modules",
                                                "bias", "trainable_token_indices", "use_qalora", "megatron_config",
                                                "target_parameters", "layer_replication", "use_bdlora"};
@@ -425,8 +442,8 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
                       pt->valuestring);
     for (size_t i = 0; st >= 0 && i < sizeof must_default / sizeof must_default[0]; i++)
         if (!at_default(cJSON_GetObjectItemCaseSensitive(c, must_default[i])))
-            st = bad_key(file, must_default[i], "is set: dtrain's LoRA has plain adapters on every target "
-                         "layer (no DoRA, adapter biases, saved modules, per-layer ranks or layer selection)");
+            st = bad_key(file, must_default[i], "is set: dtrain's LoRA has plain or DoRA adapters on every target "
+                         "layer (no adapter biases, saved modules, per-layer ranks or layer selection)");
     if (st >= 0 && (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 65536 ||
                     r->valuedouble != (double)(int64_t)r->valuedouble))
         st = dt_error(DT_ERR_FORMAT, "%s: \"r\" must be an integer in 1..65536", file);
@@ -436,6 +453,8 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         st = dt_error(DT_ERR_FORMAT, "%s: \"lora_dropout\" must be a number in [0, 1)", file);
     if (st >= 0 && rs && !cJSON_IsBool(rs))
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", file);
+    if (st >= 0 && ud && !cJSON_IsBool(ud) && !cJSON_IsNull(ud))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"use_dora\" must be true or false", file);
     const bool all = cJSON_IsString(tm) && !strcmp(tm->valuestring, "all-linear"); /* a hand-written config's */
     dt__re *re = NULL; /* target_modules as a regular expression: the layers are the file's */
     if (st >= 0 && cJSON_IsString(tm) && !all)
@@ -454,14 +473,15 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
             st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
     }
     if (st >= 0)
-        st = check_adapters(dir, (int64_t)r->valuedouble, &out->left_out, re, re ? tm->valuestring : NULL,
-                            &out->target_names);
+        st = check_adapters(dir, (int64_t)r->valuedouble, cJSON_IsTrue(ud), &out->left_out, re,
+                            re ? tm->valuestring : NULL, &out->target_names);
     dt__re_free(re);
     if (st >= 0) {
         out->params.r = (int64_t)r->valuedouble;
         out->params.alpha = (float)al->valuedouble;
         out->params.dropout = dr ? (float)dr->valuedouble : 0.0f;
         out->params.rslora = cJSON_IsTrue(rs);
+        out->params.dora = cJSON_IsTrue(ud);
         out->params.targets = (const char *const *)out->target_names;
         if (cJSON_IsString(bm))
             snprintf(out->base_model, sizeof out->base_model, "%s", bm->valuestring);

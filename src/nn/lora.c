@@ -15,8 +15,19 @@
  * (dt_module_set_lora): its adapters get the slicing it names and its
  * forward is the hook's, which knows the collectives (tp_lora.c). The
  * targets {"all-linear"} are PEFT's: every Linear and Conv1D layer but the
- * output layer (lm_head). */
+ * output layer (lm_head).
+ *
+ * DoRA (Liu et al. 2024, PEFT's use_dora): a layer also gets the child
+ * lora_magnitude_vector (weight [out], trainable) and computes
+ * m / ||W + s B A|| * (W x + s B(A(x))) + bias, the row norms of the adapted
+ * weight taken as constants (no gradient flows through them, as PEFT
+ * detaches them); with dropout active in training PEFT's form
+ * base(x) + (m / n - 1) W dropout(x) + m / n s B(A(dropout(x))). The
+ * magnitudes start at the base weight's row norms: the trainer writes them
+ * once the base weights are in place (dt__lora_dora_norm). */
 #include "nn_impl.h"
+
+#include "dtrain/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -25,13 +36,29 @@
 
 dt_lora_params dt_lora_params_default(void)
 {
-    return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false};
+    return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false, .dora = false};
 }
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = s ? strlen(s) : 0, k = strlen(suffix);
+    return n > k && !strcmp(s + n - k, suffix);
+}
+
+bool dt_lora_is_magnitude(const char *name) { return ends_with(name, "." DT_LORA_MAGNITUDE ".weight"); }
 
 bool dt_lora_is_adapter(const char *name)
 {
-    size_t n = name ? strlen(name) : 0;
-    return n > 14 && (!strcmp(name + n - 14, ".lora_A.weight") || !strcmp(name + n - 14, ".lora_B.weight"));
+    return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight") || dt_lora_is_magnitude(name);
+}
+
+size_t dt_lora_layer_len(const char *name)
+{
+    static const char *const sfx[] = {".lora_A.weight", ".lora_B.weight", "." DT_LORA_MAGNITUDE ".weight"};
+    for (int i = 0; i < 3; i++)
+        if (ends_with(name, sfx[i]))
+            return strlen(name) - strlen(sfx[i]);
+    return 0;
 }
 
 float dt_lora_scaling(const dt_lora_params *p)
@@ -68,17 +95,120 @@ dt_tensor *dt__lora_sum(dt_ctx *ctx, const dt_tensor *x, dt_tensor *y, dt_tensor
     return out;
 }
 
+/* DoRA's rows of the adapted layer m (a Linear: weight [out, in]; GPT-2's Conv1D: [in, out], *in_out) */
+static void dora_shape(const dt_module *m, int64_t *out, int64_t *in, bool *in_out)
+{
+    const dt_tensor *w = m->params[0];
+    *in_out = m->kind != DT_NN_LINEAR;
+    *out = w->shape[*in_out ? 1 : 0];
+    *in = w->shape[*in_out ? 0 : 1];
+}
+
+/* The base layer's product without its bias: x W^T (a Linear) or x W (a Conv1D) */
+static dt_tensor *base_product(dt_ctx *ctx, dt_module *m, dt_tensor *x)
+{
+    return m->kind == DT_NN_LINEAR ? dt_linear(ctx, x, m->params[0], NULL) : dt_addmm(ctx, x, m->params[0], NULL);
+}
+
+dt_status dt__lora_dora_norm(const dt_module *m, bool adapters, int64_t lo, int64_t hi, float *out)
+{
+    int64_t nout, in;
+    bool io;
+    dora_shape(m, &nout, &in, &io);
+    const dt_module *a = dt_module_find_child(m, "lora_A"), *b = dt_module_find_child(m, "lora_B");
+    const dt_tensor *w = m->params[0], *at = a ? a->params[0] : NULL, *bt = b ? b->params[0] : NULL;
+    if (lo < 0 || hi > nout || lo > hi || (adapters && (!at || !bt || !at->data || !bt->data)) || !w->data)
+        return dt_error(DT_ERR_STATE, "DoRA '%s': rows [%lld, %lld) of %lld, or its weights, not in memory",
+                        m->path ? m->path : "?", (long long)lo, (long long)hi, (long long)nout);
+    const int64_t r = at ? at->shape[0] : 0, rows = in > (1 << 18) ? 1 : (1 << 18) / in; /* 1 MiB of f32 rows */
+    const size_t es = dt_dtype_size(w->dtype);
+    float *c = dt_alloc((size_t)rows * (size_t)(in + (io ? 1 : 0)) * sizeof *c); /* a Conv1D's: a row of W too */
+    float *ab = NULL; /* A and B in f32 when their dtypes differ */
+    const bool widen = adapters && at->dtype != bt->dtype;
+    if (c && widen && (ab = dt_alloc((size_t)(r * in + nout * r) * sizeof *ab)))
+        if (dt_k_convert(at->data, at->dtype, ab, DT_F32, r * in) < 0 ||
+            dt_k_convert(bt->data, bt->dtype, ab + r * in, DT_F32, nout * r) < 0) {
+            dt_free(ab), dt_free(c);
+            return dt_last_status();
+        }
+    if (!c || (widen && !ab)) {
+        dt_free(c);
+        dt_free(ab);
+        return dt_error(DT_ERR_NO_MEMORY, "DoRA '%s': out of memory for its weight norms", m->path ? m->path : "?");
+    }
+    dt_status st = DT_OK;
+    for (int64_t o0 = lo; o0 < hi && st >= 0; o0 += rows) {
+        const int64_t n = hi - o0 < rows ? hi - o0 : rows;
+        if (!io) { /* rows o0.. of W [out, in] */
+            st = dt_k_convert((const char *)w->data + (size_t)(o0 * in) * es, w->dtype, c, DT_F32, n * in);
+        } else { /* columns o0.. of W [in, out], transposed */
+            float *t = c + rows * in;
+            for (int64_t i = 0; i < in && st >= 0; i++) {
+                st = dt_k_convert((const char *)w->data + (size_t)(i * nout + o0) * es, w->dtype, t, DT_F32, n);
+                for (int64_t j = 0; j < n; j++)
+                    c[j * in + i] = t[j];
+            }
+        }
+        if (st >= 0 && adapters) { /* C[n, in] += s B[o0.., :] A */
+            const void *bp = widen ? (const void *)(ab + r * in + o0 * r)
+                                   : (const void *)((const char *)bt->data + (size_t)(o0 * r) * dt_dtype_size(bt->dtype));
+            st = dt_k_matmul(false, false, n, in, r, a->eps, bp, widen ? ab : at->data, widen ? DT_F32 : at->dtype,
+                             1.0f, c, NULL);
+        }
+        for (int64_t j = 0; j < n && st >= 0; j++) {
+            double ss = 0;
+            for (int64_t i = 0; i < in; i++)
+                ss += (double)c[j * in + i] * c[j * in + i];
+            out[o0 - lo + j] = (float)sqrt(ss);
+        }
+    }
+    dt_free(c);
+    dt_free(ab);
+    return st;
+}
+
+/* The layer's bias: a Linear's, GPT-2's Conv1D's (its second parameter), or NULL */
+static dt_tensor *layer_bias(const dt_module *m)
+{
+    if (m->kind == DT_NN_LINEAR)
+        return m->bias ? m->params[1] : NULL;
+    return m->nparam > 1 ? m->params[1] : NULL;
+}
+
+/* DoRA's output (the overview): d the adapters' B(A(x')), bx the base's product without bias on x' (x, or x
+   through lora_dropout), base the layer's output on x when dropout is active (PEFT's form), else NULL */
+static dt_tensor *dora_out(dt_ctx *ctx, dt_module *m, dt_module *mag, dt_tensor *base, dt_tensor *bx, dt_tensor *d,
+                           float s)
+{
+    int64_t nout, in;
+    bool io;
+    dora_shape(m, &nout, &in, &io);
+    dt_tensor *norm = bx && d ? dt_tensor_empty(ctx, DT_F32, 1, &nout) : NULL;
+    if (!norm || dt__lora_dora_norm(m, true, 0, nout, norm->data) < 0)
+        return NULL;
+    dt_tensor *scale = dt_div(ctx, mag->params[0], norm); /* m / ||W + s B A||, per output feature */
+    dt_tensor *z = dt_mul(ctx, dt_add(ctx, bx, dt_scale(ctx, d, s)), scale);
+    if (base)
+        return dt_add(ctx, dt_sub(ctx, base, bx), z);
+    dt_tensor *bias = layer_bias(m);
+    return bias ? dt_add(ctx, z, bias) : z;
+}
+
 static dt_tensor *lora_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 {
     (void)ud;
     if (m->lora) /* a slice of a larger layer: its own forward, with its collectives */
         return m->lora->fwd(ctx, m, x, m->lora);
     dt_module *a = dt_module_find_child(m, "lora_A"), *b = dt_module_find_child(m, "lora_B");
-    dt_module *drop = dt_module_find_child(m, "lora_dropout");
-    dt_tensor *y = m->kind == DT_NN_CUSTOM ? m->fwd(ctx, m, x, m->ud)
-                                           : dt_linear(ctx, x, m->params[0], m->bias ? m->params[1] : NULL);
+    dt_module *drop = dt_module_find_child(m, "lora_dropout"), *mag = dt_module_find_child(m, DT_LORA_MAGNITUDE);
     dt_tensor *xd = drop ? dt_module_forward(ctx, drop, x) : x;
     dt_tensor *d = dt_linear(ctx, dt_linear(ctx, xd, a->params[0], NULL), b->params[0], NULL);
+    if (mag && !(drop && dt_module_is_training(m))) /* dropout off: the base's product alone, its bias after */
+        return dora_out(ctx, m, mag, NULL, base_product(ctx, m, x), d, a->eps);
+    dt_tensor *y = m->kind == DT_NN_CUSTOM ? m->fwd(ctx, m, x, m->ud)
+                                           : dt_linear(ctx, x, m->params[0], m->bias ? m->params[1] : NULL);
+    if (mag)
+        return dora_out(ctx, m, mag, y, base_product(ctx, m, xd), d, a->eps);
     return dt__lora_sum(ctx, x, y, d, a->eps);
 }
 
@@ -111,7 +241,7 @@ const dt_lora_hook *dt_module_lora(const dt_module *m) { return m ? m->lora : NU
 
 bool dt__lora_param(const dt_module *m)
 {
-    return m->kind == DT_NN_CUSTOM && m->type && (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB"));
+    return m->kind == DT_NN_CUSTOM && m->type && (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB") || !strcmp(m->type, "LoraMagnitude"));
 }
 
 static dt_status add_child(dt_module *m, const char *name, dt_module *c)
@@ -171,6 +301,9 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     }
     if (dt_module_find_child(m, "lora_A"))
         return dt_error(DT_ERR_STATE, "LoRA target '%s' has adapters already", path);
+    if (p->dora && h) /* the row norms of a sliced layer would need its other ranks' columns */
+        return dt_error(DT_ERR_UNSUPPORTED, "LoRA target '%s': DoRA on a tensor-parallel layer is not supported "
+                        "(train DoRA without --tp)", path);
     a_in = in, b_out = out;
     if (h) {
         const int64_t t = h->ranks, c = h->chunks > 1 ? h->chunks : 1;
@@ -212,6 +345,14 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
         return st;
     if (p->dropout > 0 && (st = add_child(m, "lora_dropout", dt_nn_dropout(p->dropout))) < 0)
         return st;
+    if (p->dora) { /* ones until the trainer writes the base's row norms (dt__lora_dora_norm) */
+        dt_nn_param_spec sm = {.name = "weight", .ndim = 1, .shape = {out}, .init = DT_NN_INIT_ONES};
+        dt_module *mg = dt_nn_custom("LoraMagnitude", 1, &sm, none_forward, NULL);
+        if (!mg)
+            return dt_error(DT_ERR_NO_MEMORY, "LoRA target '%s': out of memory", path);
+        if ((st = add_child(m, DT_LORA_MAGNITUDE, mg)) < 0)
+            return st;
+    }
     return dt_module_set_forward(m, lora_forward, NULL);
 }
 

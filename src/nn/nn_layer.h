@@ -164,4 +164,9 @@ bool dt__tp_rows_split(const int64_t *rows, int c, int64_t t, int64_t *total);
  * back to ctx's arena once summed. lora.c; tp_lora.c's layers too. */
 dt_tensor *dt__lora_sum(dt_ctx *ctx, const dt_tensor *x, dt_tensor *y, dt_tensor *d, float s);
 
+/* DoRA: the row norms of LoRA layer m's adapted weight, out[o - lo] = ||W[o, :] + s (B A)[o, :]|| in f32 for its
+ * output features o in [lo, hi) (adapters false: ||W[o, :]||, the adapters at their init, B = 0), from the
+ * layer's tensors as they are in memory (a Linear's weight [out, in], a Conv1D's [in, out]). lora.c. */
+dt_status dt__lora_dora_norm(const dt_module *m, bool adapters, int64_t lo, int64_t hi, float *out);
+
 #endif

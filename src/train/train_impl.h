@@ -84,6 +84,9 @@ int64_t dt__trainer_grad_accum(const dt_trainer *tr);
 /* With one replica a stop request needs no agreement: stop now. */
 bool dt__trainer_stop_now(const dt_trainer *tr);
 dt_status dt__trainer_sync_buffers(dt_trainer *tr);
+/* DoRA: every magnitude of the model (dt_lora_params.dora) this rank holds set to its layer's base weight row
+ * norms, then the strategy's copies refreshed (collective, as after a load). None: nothing. trainer_ckpt_load.c. */
+dt_status dt__trainer_dora_start(dt_trainer *tr);
 /* The trainer's loss (params.loss / loss_fn) on its context. */
 dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y);
 

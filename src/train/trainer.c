@@ -534,6 +534,8 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     if ((st = dt__trainer_trace_init(m, !s->ops.forward_backward, &p.trace, pw ? dt_pg_rank(pw) : tr->rank,
                                      pw ? dt_pg_size(pw) : tr->world, &tr->trace)) < 0)
         goto fail;
+    if ((st = dt__trainer_dora_start(tr)) < 0) /* DoRA's magnitudes from the base weights the model starts with */
+        goto fail;
     *out = tr;
     return DT_OK;
 fail:

@@ -6,6 +6,7 @@
 #include "train/train_impl.h"
 #include "train/trainer_ckpt_impl.h"
 #include "train/trainer_ckpt_psgd.h"
+#include "nn/nn_layer.h"
 #include "dtrain/trace.h"
 
 #include "dtrain/ckpt.h"
@@ -287,6 +288,45 @@ static bool alt_name(const dt_model *m, size_t i, int k, char *out, size_t n)
     return false;
 }
 
+/* DoRA: magnitude piece q (its elements [lo, hi) of "L.lora_magnitude_vector.weight") set to the row norms of
+ * layer L's base weight, ||W[o, :]||, as PEFT starts them (lora_B zeros); then its compute copy. With ck (the
+ * file of base weights the magnitudes were not in): a file that holds L's lora_B was trained without DoRA. */
+static dt_status dora_start(const dt_ckpt *ck, const char *ckname, const tpiece *q)
+{
+    const size_t ll = dt_lora_layer_len(q->e.name);
+    char b[1100];
+    snprintf(b, sizeof b, "master.%.*s.lora_B.weight", (int)ll, q->e.name);
+    if (ck && (dt_ckpt_find(ck, b) >= 0 || dt_ckpt_find(ck, b + 7) >= 0))
+        return dt_error(DT_ERR_MISMATCH, "%s has LoRA adapters for '%.*s' but no DoRA magnitudes ('%s'): it was "
+                        "trained without DoRA (--lora-dora)", ckname, (int)ll, q->e.name, q->e.name);
+    if (q->hi <= q->lo)
+        return DT_OK;
+    dt_status st = dt__lora_dora_norm(dt_module_parent(q->e.module), false, (int64_t)q->lo, (int64_t)q->hi, q->val);
+    if (st >= 0 && q->lowp)
+        st = dt_k_convert(q->val, DT_F32, q->lowp, q->e.dtype, (int64_t)(q->hi - q->lo));
+    return st;
+}
+
+dt_status dt__trainer_dora_start(dt_trainer *tr)
+{
+    dt_model *m = dt_trainer_model(tr);
+    bool any = false;
+    for (size_t i = 0; i < dt_model_num_entries(m) && !any; i++) {
+        dt_param_info e;
+        any = dt_model_entry(m, i, &e) >= 0 && dt_lora_is_magnitude(e.name);
+    }
+    if (!any)
+        return DT_OK;
+    tpiece *pc = NULL;
+    bool sharded;
+    dt_status st = dt__ckpt_collect_pieces(tr, &pc, &sharded);
+    for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++)
+        if (dt_lora_is_magnitude(pc[i].e.name))
+            st = dora_start(NULL, NULL, &pc[i]);
+    free(pc);
+    return st < 0 ? st : dt__strategy_after_load(dt_trainer_strategy(tr));
+}
+
 /* Load the pieces (the rule of the overview) and, unless weights_only, their
  * optimizer state; then the buffers. With adapters (a key prefix, PEFT's
  * "base_model.model."): the LoRA adapters only, each under prefix + name,
@@ -307,8 +347,9 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     dt_pg *tp = dt__ckpt_tp_of(tr);
     char name[1024];
     rbatch rb = {0};
-    /* pieces whose compute copy is made from the loaded f32 values, once the batch has run */
-    bool *conv = calloc(dt_model_num_entries(m) + 1, sizeof *conv);
+    /* pieces whose compute copy is made from the loaded f32 values, once the batch has run; DoRA magnitudes the
+       file lacks (a base model's weights), set from the loaded base weights at the end */
+    bool *conv = calloc(2 * dt_model_num_entries(m) + 1, sizeof *conv), *dora = conv + dt_model_num_entries(m);
     if (!conv)
         st = dt_error(DT_ERR_NO_MEMORY, "loading %s: out of memory", ckname);
     for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++) {
@@ -320,12 +361,14 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
         if (adapters) {
             if (!adapter)
                 continue;
-            snprintf(name, sizeof name, "%s%s", adapters, q->e.name);
+            const bool mag = dt_lora_is_magnitude(q->e.name); /* PEFT's key: without ".weight" */
+            snprintf(name, sizeof name, "%s%.*s", adapters, (int)(strlen(q->e.name) - (mag ? 7 : 0)), q->e.name);
             if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
                 break;
             if (!found) {
-                st = dt_error(DT_ERR_NOT_FOUND, "%s has no tensor '%s' (the model's adapter %s: adapters saved for "
-                              "other target layers?)", ckname, name, q->e.name);
+                st = dt_error(DT_ERR_NOT_FOUND, "%s has no tensor '%s' (the model's adapter %s: %s)", ckname, name,
+                              q->e.name, mag ? "DoRA's magnitudes; adapters saved without use_dora?"
+                                             : "adapters saved for other target layers?");
                 break;
             }
             conv[i] = q->lowp && q->hi > q->lo;
@@ -336,8 +379,10 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
             break;
         if (!found && (st = read_piece(ck, ckname, q->e.name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
             break;
-        if (!found && weights_only && adapter) /* a base model's weights: the adapter keeps its init */
+        if (!found && weights_only && adapter) { /* a base model's weights: the adapter keeps its init */
+            dora[i] = dt_lora_is_magnitude(q->e.name);
             continue;
+        }
         for (int k = 0; !found && weights_only && alt_name(m, i, k, name, sizeof name); k++)
             if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
                 break;
@@ -372,10 +417,11 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
         if (conv[i])
             st = dt_k_convert(pc[i].val, DT_F32, pc[i].lowp, pc[i].e.dtype, (int64_t)(pc[i].hi - pc[i].lo));
     free(rb.r);
-    free(conv);
-    free(pc);
-    if (st < 0 || adapters)
+    if (st < 0 || adapters) {
+        free(conv);
+        free(pc);
         return st;
+    }
     /* buffers: whole on every rank, in their own dtype */
     dt_ckpt_list *l = NULL;
     if ((st = dt_ckpt_list_init(&l)) < 0)
@@ -425,6 +471,11 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     }
     free(full);
     dt_ckpt_list_free(l);
+    for (size_t i = 0; i < ne && st >= 0; i++) /* the base weights are in place: DoRA's magnitudes from them */
+        if (dora[i])
+            st = dora_start(ck, ckname, &pc[i]);
+    free(conv);
+    free(pc);
     return st;
 }
 
@@ -586,13 +637,16 @@ static dt_status peft_keys(const dt_model *m, const dt_ckpt *ck, const char *fil
         if (st < 0)
             return st;
         const size_t pl = sizeof PEFT_PREFIX - 1;
-        if (strncmp(t.name, PEFT_PREFIX, pl) || !dt_lora_is_adapter(t.name))
+        bool mag;
+        if (strncmp(t.name, PEFT_PREFIX, pl) || !dt__lora_peft_key(t.name, &mag))
             return dt_error(DT_ERR_FORMAT, "%s: key '%s' is not a LoRA adapter as PEFT saves them ("
-                            PEFT_PREFIX "<layer>.lora_A.weight / .lora_B.weight; only LoRA without bias, DoRA "
-                            "or modules_to_save loads)", file, t.name);
-        if (dt_model_find_entry(m, t.name + pl) < 0)
+                            PEFT_PREFIX "<layer>.lora_A.weight / .lora_B.weight / .lora_magnitude_vector; only LoRA "
+                            "and DoRA without bias or modules_to_save load)", file, t.name);
+        char pn[1100]; /* the model's parameter: a magnitude's key + ".weight" */
+        snprintf(pn, sizeof pn, "%s%s", t.name + pl, mag ? ".weight" : "");
+        if (dt_model_find_entry(m, pn) < 0)
             return dt_error(DT_ERR_NOT_FOUND, "%s: key '%s': the model has no adapter '%s' (its layer is not a "
-                            "target here, or not in this model)", file, t.name, t.name + pl);
+                            "target here, or not in this model%s)", file, t.name, pn, mag ? ", or it has no DoRA" : "");
     }
     return DT_OK;
 }

@@ -36,6 +36,7 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/llama"
 #define HF_MM DT_SOURCE_DIR "/tests/data/hf/gemma3_mm"
+#define HF_GPT2 DT_SOURCE_DIR "/tests/data/hf/gpt2"
 #define LORA DT_SOURCE_DIR "/tests/data/lora/"
 
 typedef struct run {
@@ -45,8 +46,8 @@ typedef struct run {
     dt_trainer *tr;
 } run;
 
-/* Model directory base with the adapters of PEFT's directory dir (settings and weights). */
-static int open_run_on(run *r, const char *base, const char *dir)
+/* Model directory base with the adapters of PEFT's directory dir (its settings; its weights unless !weights). */
+static int open_run_with(run *r, const char *base, const char *dir, bool weights)
 {
     memset(r, 0, sizeof *r);
     dt_model_config mc = dt_model_config_default();
@@ -60,10 +61,12 @@ static int open_run_on(run *r, const char *base, const char *dir)
     snprintf(hf, sizeof hf, "hf:%s", base);
     if (dt_model_create(hf, 1, &mc, &r->m, &r->d) < 0 || dt_strategy_none_init(&s) < 0 ||
         dt_trainer_init(r->m, s, &tp, &r->tr) < 0 || dt_trainer_load_weights(r->tr, base) < 0 ||
-        dt_trainer_load_peft(r->tr, dir) < 0)
+        (weights && dt_trainer_load_peft(r->tr, dir) < 0))
         return fprintf(stderr, "%s: %s\n", dir, dt_last_error()), 1;
     return 0;
 }
+
+static int open_run_on(run *r, const char *base, const char *dir) { return open_run_with(r, base, dir, true); }
 
 /* The base Llama with the adapters of PEFT's directory dir. */
 static int open_run(run *r, const char *dir) { return open_run_on(r, HF, dir); }
@@ -98,9 +101,10 @@ static dt_tensor *loss_of(dt_ctx *ctx, run *r, const int64_t *ids, bool grad)
 }
 
 /* max |model tensor - file tensor| / max |file tensor| over every adapter of
- * PEFT's file (keys "base_model.model." + the model's names); -1 when one
- * is missing. */
-static double adapters_err(const dt_model *m, const char *file)
+ * PEFT's file (keys "base_model.model." + the model's names, a DoRA
+ * magnitude's without ".weight"), or over DoRA's magnitudes only (mag); -1
+ * when one is missing or there are not `want` of them. */
+static double adapters_err_of(const dt_model *m, const char *file, int want, bool mag)
 {
     dt_st_file *f = NULL;
     if (dt_st_open(file, &f) < 0)
@@ -110,10 +114,11 @@ static double adapters_err(const dt_model *m, const char *file)
     for (size_t i = 0; i < dt_model_num_entries(m); i++) {
         dt_param_info p;
         dt_model_entry(m, i, &p);
-        if (!dt_lora_is_adapter(p.name))
+        if (!dt_lora_is_adapter(p.name) || (mag && !dt_lora_is_magnitude(p.name)))
             continue;
         char key[600];
-        snprintf(key, sizeof key, "base_model.model.%s", p.name);
+        snprintf(key, sizeof key, "base_model.model.%.*s", (int)(strlen(p.name) - (dt_lora_is_magnitude(p.name) ? 7 : 0)),
+                 p.name);
         const dt_st_tensor *t = dt_st_find(f, key);
         float *v = t && t->numel == p.numel ? malloc(p.numel * sizeof *v) : NULL;
         if (!v || dt_st_read(f, t, 0, p.numel * sizeof *v, v) < 0) {
@@ -130,7 +135,12 @@ static double adapters_err(const dt_model *m, const char *file)
         n++;
     }
     dt_st_close(f);
-    return n == 16 && ref > 0 ? mx / ref : -1; /* 4 targets x 2 layers x (A, B) */
+    return n == want && ref > 0 ? mx / ref : -1;
+}
+
+static double adapters_err(const dt_model *m, const char *file)
+{
+    return adapters_err_of(m, file, 16, false); /* 4 targets x 2 layers x (A, B) */
 }
 
 /* PEFT's initial adapters, 10 AdamW steps: PEFT's losses and adapters. */
@@ -310,7 +320,9 @@ TEST(bad_adapters)
          "target_modules"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"(q_proj\"}", "target_modules"},
         {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}", "\"r\""},
-        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": true}",
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_qalora\": true}",
+         "use_qalora"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": 1}",
          "use_dora"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}",
          "bias"},
@@ -691,9 +703,148 @@ TEST(save_check)
     ASSERT_STATUS(dt_lora_save_peft_check(NULL), DT_ERR_NULL);
 }
 
+/* The largest |a - b| over the tensors "merged.NAME" of file a_file and NAME of b_file (*n counts them; INFINITY
+ * when one is missing), and in *moved the largest |a - base| (NAME in base file base1, or base2 when not NULL). */
+static double merged_err(const char *a_file, const char *b_file, const char *base1, const char *base2, int *n,
+                         double *moved)
+{
+    dt_st_file *ref = NULL, *got = NULL;
+    double worst = -1;
+    *n = 0, *moved = 0;
+    if (dt_st_open(a_file, &ref) < 0 || dt_st_open(b_file, &got) < 0)
+        goto out;
+    worst = 0;
+    for (size_t i = 0; i < dt_st_count(ref); i++) {
+        const dt_st_tensor *tr = dt_st_tensor_at(ref, i);
+        if (strncmp(tr->name, "merged.", 7))
+            continue;
+        const dt_st_tensor *tg = dt_st_find(got, tr->name + 7);
+        size_t nb = 0;
+        float *a = malloc(tr->numel * sizeof *a), *b = malloc(tr->numel * sizeof *b);
+        float *base = t_read_tensor(base1, tr->name + 7, &nb);
+        if (!base && base2)
+            base = t_read_tensor(base2, tr->name + 7, &nb);
+        if (!tg || tg->numel != tr->numel || !a || !b || !base || nb != tr->numel ||
+            dt_st_read(ref, tr, 0, tr->numel * 4, a) < 0 || dt_st_read(got, tg, 0, tg->numel * 4, b) < 0) {
+            fprintf(stderr, "  '%s' missing or of another size\n", tr->name + 7);
+            worst = INFINITY;
+        }
+        for (size_t k = 0; worst < INFINITY && k < tr->numel; k++) {
+            worst = fmax(worst, fabs((double)a[k] - b[k]));
+            *moved = fmax(*moved, fabs((double)a[k] - base[k]));
+        }
+        free(a);
+        free(b);
+        free(base);
+        (*n)++;
+    }
+out:
+    dt_st_close(ref);
+    dt_st_close(got);
+    return worst;
+}
+
+/* DoRA (use_dora) against PEFT on base (bf1/bf2 its weight files): name_init/'s adapters and magnitudes load
+ * exactly, and dtrain's own magnitudes (the base's row norms, written by the trainer) equal PEFT's initial ones;
+ * 10 AdamW steps give PEFT's losses and name_after/'s adapters; dtrain's saved adapters have PEFT's keys and
+ * shapes and use_dora; name_after/'s merged export equals PEFT's merge_and_unload. n: the adapter tensors. */
+static void dora_case(const char *base, const char *bf1, const char *bf2, const char *name, int n)
+{
+    char init[300], after[300], ref[300], f[600];
+    snprintf(init, sizeof init, LORA "%s_init", name);
+    snprintf(after, sizeof after, LORA "%s_after", name);
+    snprintf(ref, sizeof ref, LORA "%s_ref.safetensors", name);
+    size_t nid = 0, nl = 0;
+    int64_t *ids = t_read_tensor(ref, "input_ids", &nid);
+    float *want = t_read_tensor(ref, "loss", &nl);
+    ASSERT(ids && want && nid == 68 && nl == 10);
+    run r;
+    ASSERT_EQ_INT(open_run_with(&r, base, init, false), 0); /* dtrain's own magnitudes: ||W|| */
+    ASSERT(r.pc.params.dora);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", init);
+    double me = adapters_err_of(r.m, f, n / 3, true);
+    fprintf(stderr, "  %s: dtrain's initial magnitudes against PEFT's: %.3g of the largest\n", name, me);
+    ASSERT(me >= 0 && me <= 1e-6);
+    close_run(&r);
+    ASSERT_EQ_INT(open_run_on(&r, base, init), 0);
+    ASSERT(adapters_err_of(r.m, f, n, false) == 0);
+    dt_model_train(r.m, false); /* GPT-2's config.json has dropout 0.1; the golden steps ran without */
+    dt_adam_params ap = dt_adamw_params_default();
+    ap.lr = 1e-2, ap.weight_decay = 0.1;
+    const dt_flat *P = dt_model_flat(r.m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(r.m, DT_FLAT_GRADS, DT_F32);
+    dt_optim_range rg = {.params = P, .grads = G, .lo = 0, .hi = P->total};
+    dt_optim *o = NULL;
+    ASSERT_OK(dt_optim_adamw_init(&ap, &rg, 1, &o));
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    double worst = 0;
+    for (int step = 0; step < 10 && o; step++) {
+        dt_model_zero_grad(r.m);
+        dt_tensor *loss = loss_of(ctx, &r, ids + (step % 2) * 34, true);
+        ASSERT(loss != NULL);
+        if (!loss)
+            break;
+        double l = dt_tensor_get(loss, 0);
+        worst = fmax(worst, fabs(l - want[step]) / fabs((double)want[step]));
+        ASSERT_OK(dt_backward(ctx, loss));
+        ASSERT_OK(dt_optim_step(o));
+        dt_ctx_reset(ctx);
+    }
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", after);
+    double ae = adapters_err_of(r.m, f, n, false);
+    fprintf(stderr, "  %s: worst relative loss difference over 10 steps %.3g (PEFT %.6f -> %.6f); adapters and "
+            "magnitudes after: %.3g of the largest\n", name, worst, (double)want[0], (double)want[9], ae);
+    ASSERT(worst <= 1e-5);
+    ASSERT(ae >= 0 && ae <= 1e-4);
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/%s_saved", t_tmpdir("lora_peft"), name);
+    ASSERT_OK(dt_lora_save_peft(r.m, &r.pc.params, base, dir));
+    dt_lora_peft_config mine;
+    ASSERT_OK(dt_lora_peft_config_read(dir, &mine));
+    ASSERT(mine.params.dora);
+    dt_lora_peft_config_free(&mine);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", dir);
+    ASSERT(adapters_err_of(r.m, f, n, false) == 0); /* every key PEFT's file has, with its values */
+    dt_optim_free(o);
+    dt_ctx_free(ctx);
+    close_run(&r);
+
+    /* PEFT's trained adapters merged: PEFT's merge_and_unload */
+    ASSERT_EQ_INT(open_run_on(&r, base, after), 0);
+    char ck[400], out[400];
+    snprintf(ck, sizeof ck, "%s/%s_ck", t_tmpdir("lora_peft"), name);
+    snprintf(out, sizeof out, "%s/%s_merged", t_tmpdir("lora_peft"), name);
+    dt_ckpt_list *l = NULL;
+    ASSERT_OK(dt_ckpt_list_init(&l));
+    ASSERT_OK(dt_ckpt_list_add_model(l, r.m));
+    ASSERT_OK(dt_ckpt_save(ck, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), NULL, NULL));
+    dt_ckpt_list_free(l);
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(base, &h));
+    dt_hf_save_params p = dt_hf_save_params_default();
+    p.lora_scaling = dt_lora_scaling(&r.pc.params);
+    ASSERT_OK(dt_hf_save(ck, &h, out, &p));
+    snprintf(f, sizeof f, "%s/model.safetensors", out);
+    int nm = 0;
+    double moved = 0, merr = merged_err(ref, f, bf1, bf2, &nm, &moved);
+    fprintf(stderr, "  %s merged: %d weights, max |dtrain - PEFT| %.3g (the merge moved them by up to %.3g)\n",
+            name, nm, merr, moved);
+    ASSERT(nm == n / 3 && merr <= 2e-6 && moved > 1e-3);
+    close_run(&r);
+    free(ids);
+    free(want);
+}
+
+TEST(dora)
+{
+    dora_case(HF, HF "/model-00001-of-00002.safetensors", HF "/model-00002-of-00002.safetensors", "dora", 24);
+    dora_case(HF_GPT2, HF_GPT2 "/model.safetensors", NULL, "gpt2_dora", 18);
+}
+
 int main(void)
 {
     RUN(train_parity);
+    RUN(dora);
     RUN(all_linear);
     RUN(merged_export);
     RUN(bad_adapters);
