@@ -53,7 +53,8 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         }
         const uint64_t fnum = (uint64_t)full[0] * (uint64_t)(mag ? 1 : full[1]);
         if (ck && ((ci = dt_ckpt_find(ck, pi.name)) < 0 || dt_ckpt_tensor_at(ck, (size_t)ci, &ct) < 0 ||
-                   ct.numel != fnum || ct.ndim != pi.ndim || ct.shape[0] != full[0] || (!mag && ct.shape[1] != full[1])))
+                   ct.numel != fnum || ct.ndim != pi.ndim || ct.shape[0] != full[0] ||
+                   (!mag && ct.shape[1] != full[1])))
             st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' [%lld%s%lld]", dir,
                           src, pi.name, (long long)full[0], mag ? "" : ", ", mag ? 0LL : (long long)full[1]);
         else if (!ck && pi.tp_dim && dt_module_lora(dt_module_parent(pi.module)) &&

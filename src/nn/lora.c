@@ -150,8 +150,9 @@ dt_status dt__lora_dora_norm(const dt_module *m, bool adapters, int64_t lo, int6
             }
         }
         if (st >= 0 && adapters) { /* C[n, in] += s B[o0.., :] A */
+            const size_t boff = (size_t)(o0 * r) * dt_dtype_size(bt->dtype);
             const void *bp = widen ? (const void *)(ab + r * in + o0 * r)
-                                   : (const void *)((const char *)bt->data + (size_t)(o0 * r) * dt_dtype_size(bt->dtype));
+                                   : (const void *)((const char *)bt->data + boff);
             st = dt_k_matmul(false, false, n, in, r, a->eps, bp, widen ? ab : at->data, widen ? DT_F32 : at->dtype,
                              1.0f, c, NULL);
         }
@@ -241,7 +242,8 @@ const dt_lora_hook *dt_module_lora(const dt_module *m) { return m ? m->lora : NU
 
 bool dt__lora_param(const dt_module *m)
 {
-    return m->kind == DT_NN_CUSTOM && m->type && (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB") || !strcmp(m->type, "LoraMagnitude"));
+    return m->kind == DT_NN_CUSTOM && m->type &&
+           (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB") || !strcmp(m->type, "LoraMagnitude"));
 }
 
 static dt_status add_child(dt_module *m, const char *name, dt_module *c)

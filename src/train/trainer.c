@@ -362,9 +362,10 @@ static dt_status check_buffer_policy(dt_trainer *tr)
         return DT_OK;
     size_t n[DT_DTYPE_COUNT] = {0};
     static const dt_dtype fl[3] = {DT_F32, DT_BF16, DT_F16};
-    for (int d = 0; d < 3; d++) {
-        const dt_flat *b = dt_model_flat(tr->m, DT_FLAT_BUFFERS, fl[d]);
-        n[fl[d]] = b ? b->used : 0;
+    for (size_t i = 0; i < dt_model_num_entries(tr->m); i++) { /* frozen parameters (LoRA's base) take param_dtype */
+        dt_param_info e;
+        if (dt_model_entry(tr->m, i, &e) >= 0 && e.is_buffer && !e.frozen && e.tied_to < 0)
+            n[e.dtype] += e.numel;
     }
     for (int d = 0; d < 3; d++)
         if (fl[d] != want && fl[d] != DT_F32 && n[fl[d]])

@@ -117,8 +117,8 @@ static double adapters_err_of(const dt_model *m, const char *file, int want, boo
         if (!dt_lora_is_adapter(p.name) || (mag && !dt_lora_is_magnitude(p.name)))
             continue;
         char key[600];
-        snprintf(key, sizeof key, "base_model.model.%.*s", (int)(strlen(p.name) - (dt_lora_is_magnitude(p.name) ? 7 : 0)),
-                 p.name);
+        const int kl = (int)(strlen(p.name) - (dt_lora_is_magnitude(p.name) ? 7 : 0)); /* PEFT's: no ".weight" */
+        snprintf(key, sizeof key, "base_model.model.%.*s", kl, p.name);
         const dt_st_tensor *t = dt_st_find(f, key);
         float *v = t && t->numel == p.numel ? malloc(p.numel * sizeof *v) : NULL;
         if (!v || dt_st_read(f, t, 0, p.numel * sizeof *v, v) < 0) {
@@ -320,8 +320,8 @@ TEST(bad_adapters)
          "target_modules"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"(q_proj\"}", "target_modules"},
         {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}", "\"r\""},
-        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_qalora\": true}",
-         "use_qalora"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"use_qalora\": true}", "use_qalora"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": 1}",
          "use_dora"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}",
@@ -835,6 +835,68 @@ static void dora_case(const char *base, const char *bf1, const char *bf2, const 
     free(want);
 }
 
+/* DoRA's form under active lora_dropout (PEFT's: base(x) + (m/n - 1) W x' + m/n s B(A(x')), x' = dropout(x))
+ * against its form without (m/n (W x + s B(A(x))) + bias): with p = 1e-7 no element drops and x' is x times
+ * 1 + 1e-7, so the two give the same loss and gradients to that; the adapters and magnitudes drawn away from
+ * their init so that every term counts. */
+TEST(dora_dropout_form)
+{
+    const char *targets[] = {"c_attn", "c_proj", NULL};
+    dt_model *m[2] = {NULL, NULL};
+    dt_model_desc d[2];
+    for (int k = 0; k < 2; k++) {
+        dt_lora_params lp = dt_lora_params_default();
+        lp.targets = targets;
+        lp.dora = true;
+        lp.dropout = k == 0 ? 1e-7f : 0.0f;
+        dt_model_config c = dt_model_config_default();
+        c.build.lora = &lp;
+        c.seq = 16;
+        ASSERT_OK(dt_model_create("gpt-micro", 3, &c, &m[k], &d[k]));
+        dt_model_train(m[k], true);
+    }
+    const dt_flat *P0 = dt_model_flat(m[0], DT_FLAT_PARAMS, DT_F32), *P1 = dt_model_flat(m[1], DT_FLAT_PARAMS, DT_F32);
+    ASSERT(P0 && P1 && P0->numel == P1->numel && P0->numel > 0);
+    float *p0 = P0->base;
+    for (size_t i = 0; i < P0->numel; i++) /* B away from zeros, m away from ones */
+        p0[i] += 0.05f * (float)((i * 2654435761u) % 1000) / 1000.0f - 0.02f;
+    memcpy(P1->base, P0->base, P0->numel * sizeof(float));
+    int64_t ids[2 * 17];
+    for (int i = 0; i < 34; i++)
+        ids[i] = (i * 37 + 11) % 512; /* gpt-micro: a vocabulary of 512 */
+    double loss[2];
+    float *grad[2];
+    for (int k = 0; k < 2; k++) {
+        dt_ctx *ctx;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        dt_model_zero_grad(m[k]);
+        run r = {.m = m[k], .d = d[k]};
+        dt_tensor *l = loss_of(ctx, &r, ids, true);
+        if (!l)
+            fprintf(stderr, "  %s\n", dt_last_error());
+        ASSERT(l != NULL);
+        loss[k] = l ? dt_tensor_get(l, 0) : NAN;
+        ASSERT_OK(dt_backward(ctx, l));
+        const dt_flat *G = dt_model_flat(m[k], DT_FLAT_GRADS, DT_F32);
+        grad[k] = malloc(G->numel * sizeof(float));
+        memcpy(grad[k], G->base, G->numel * sizeof(float));
+        dt_ctx_free(ctx);
+    }
+    double gd = 0, gm = 0;
+    for (size_t i = 0; i < P0->numel; i++) {
+        gd = fmax(gd, fabs((double)grad[0][i] - grad[1][i]));
+        gm = fmax(gm, fabs((double)grad[1][i]));
+    }
+    fprintf(stderr, "  DoRA with dropout 1e-7 (PEFT's dropout form) against without: loss %.8f / %.8f, gradients "
+            "%.3g of the largest (%.3g)\n", loss[0], loss[1], gd / gm, gm);
+    ASSERT(fabs(loss[0] - loss[1]) <= 1e-6 * fabs(loss[1]));
+    ASSERT(gm > 0 && gd <= 1e-5 * gm);
+    for (int k = 0; k < 2; k++) {
+        free(grad[k]);
+        dt_model_free(m[k]);
+    }
+}
+
 TEST(dora)
 {
     dora_case(HF, HF "/model-00001-of-00002.safetensors", HF "/model-00002-of-00002.safetensors", "dora", 24);
@@ -845,6 +907,7 @@ int main(void)
 {
     RUN(train_parity);
     RUN(dora);
+    RUN(dora_dropout_form);
     RUN(all_linear);
     RUN(merged_export);
     RUN(bad_adapters);

@@ -10,7 +10,9 @@
  *    refused through a symlink;
  *  - the memory report shows frozen parameters without gradients or
  *    optimizer states;
- *  - hf:DIR with --resume auto and nothing to resume starts from DIR's weights. */
+ *  - hf:DIR with --resume auto and nothing to resume starts from DIR's weights;
+ *  - DoRA (--lora-dora) through the same paths, under ZeRO-3, and its refusals;
+ *  - LoRA, DoRA and --freeze under --precision bf16. */
 // dt-test-timeout: 600
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
@@ -363,11 +365,145 @@ TEST(save_lora_dir_of_another_job_refused)
     ASSERT(!file_exists(cli_path("lora_fresh"))); /* nor the parent it made */
 }
 
+/* DoRA (--lora-dora): the checkpoint keeps it (eval --ckpt gives the run's evaluation, the merged export the same
+ * loss, --resume continues it and refuses the flags without it); ZeRO-3 over 2 ranks steps as DDP does (its
+ * magnitudes, started from the base's row norms on each rank's shard, the same); PEFT's DoRA adapters load with
+ * --lora-from and save back with their magnitudes; refused (exit 2): without --lora-targets, under --tp, and
+ * --init-from a LoRA checkpoint trained without DoRA. */
+TEST(dora_cli)
+{
+    const char *ck = cli_path("dck"), *merged = cli_path("dmerged"), *metrics = cli_path("dm.jsonl");
+    char *run[] = {GPT, LORA_FLAGS, "--lora-dora", "--val-data", val_, "--max-steps", "6", "--eval-every", "6",
+                   "--metrics", (char *)metrics, "--save", (char *)ck, "--save-hf", (char *)merged, NULL};
+    cli_result r;
+    cli_runv(&r, 300, NULL, run);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "LoRA: r 4, alpha 16, dropout 0, scaling 4, DoRA");
+    const double trained = last_eval_loss(metrics);
+    char *ev[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", NULL};
+    cli_runv(&r, 120, NULL, ev);
+    ASSERT_EQ_INT(r.code, 0);
+    const double l1 = json_loss(r.out);
+    char hf[400];
+    snprintf(hf, sizeof hf, "hf:%s", merged);
+    char *ev3[] = {"eval", "--model", hf, "--data", val_, "--batch", "4", "--seq", "32", "--json", "--threads", "1",
+                   NULL};
+    cli_runv(&r, 120, NULL, ev3);
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  DoRA: run's final eval %.6f, eval --ckpt %.8f, merged export %.8f\n", trained, l1,
+            json_loss(r.out));
+    ASSERT(fabs(l1 - trained) <= 1e-6);
+    ASSERT(fabs(json_loss(r.out) - l1) <= 1e-5 * l1);
+    char *res[] = {GPT, "--no-eval", "--max-steps", "8", "--save", (char *)ck, "--resume", "auto", NULL};
+    cli_runv(&r, 300, NULL, res);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "scaling 4, DoRA");
+    ASSERT_STR_CONTAINS(r.out, "resumed from");
+    char *bad[] = {GPT, "--no-eval", "--max-steps", "10", "--save", (char *)ck, "--resume", "auto", LORA_FLAGS, NULL};
+    cli_runv(&r, 120, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "was trained with --lora-targets c_attn,c_proj --lora-r 4 --lora-alpha 16 "
+                               "--lora-dropout 0 --lora-dora");
+
+    /* ZeRO-3 against DDP, 2 ranks each */
+    const char *mz = cli_path("dz.jsonl"), *md = cli_path("dd.jsonl");
+    char *base[] = {GPT, LORA_FLAGS, "--lora-dora", "--no-eval", "--max-steps", "4", "--log-every", "1", NULL};
+    char *z3[] = {"--zero", "3", "--metrics", (char *)mz, NULL};
+    char *ddp[] = {"--metrics", (char *)md, NULL};
+    cli_run_ranks(&r, 300, NULL, 2, 2, (char *const *const[]){base, z3});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_run_ranks(&r, 300, NULL, 2, 2, (char *const *const[]){base, ddp});
+    ASSERT_EQ_INT(r.code, 0);
+    double lz[8], ld[8];
+    int nz = cli_step_losses(mz, lz, 8), nd = cli_step_losses(md, ld, 8);
+    ASSERT(cli_same_losses(lz, nz, ld, nd, 1e-5));
+    /* the magnitudes start at the base's row norms: the first step's loss is the base model's, as plain LoRA's */
+    const char *mp = cli_path("dp.jsonl");
+    char *plain_lora[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "4", "--log-every", "1", "--metrics",
+                          (char *)mp, NULL};
+    cli_run_ranks(&r, 300, NULL, 2, 1, (char *const *const[]){plain_lora});
+    ASSERT_EQ_INT(r.code, 0);
+    double lp[8];
+    ASSERT_EQ_INT(cli_step_losses(mp, lp, 8), nd);
+    fprintf(stderr, "  first step: DoRA %.8f, LoRA %.8f; fourth: %.8f, %.8f\n", ld[0], lp[0], ld[3], lp[3]);
+    ASSERT(fabs(ld[0] - lp[0]) <= 1e-6 * fabs(lp[0]) && ld[3] != lp[3]);
+
+    /* PEFT's DoRA adapters on hf:DIR, saved back with their magnitudes */
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    const char *ad = cli_path("dora_llama");
+    char *from[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "dora_init", "--data", tok, "--seq", "16",
+                    "--batch", "2", "--max-steps", "2", "--no-eval", "--threads", "1", "--optimizer", "adamw",
+                    "--save-lora", (char *)ad, NULL};
+    cli_runv(&r, 300, NULL, from);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "scaling 2, DoRA");
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
+    dt_ckpt *c = NULL;
+    ASSERT_OK(dt_ckpt_open(f, &c));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), 24);
+    ASSERT(dt_ckpt_find(c, "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector") >= 0);
+    dt_ckpt_close(c);
+
+    /* refused */
+    char *alone[] = {GPT, "--lora-dora", "--no-eval", "--max-steps", "1", NULL};
+    cli_runv(&r, 60, NULL, alone);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-dora go with --lora-targets");
+    char *tp[] = {GPT, LORA_FLAGS, "--lora-dora", "--no-eval", "--max-steps", "1", "--tp", "2", NULL};
+    cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "DoRA on a tensor-parallel layer is not supported");
+    const char *plain = cli_path("plain_lora_ck");
+    char *p1[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "1", "--save", (char *)plain, NULL};
+    cli_runv(&r, 120, NULL, p1);
+    ASSERT_EQ_INT(r.code, 0);
+    char *p2[] = {GPT, LORA_FLAGS, "--lora-dora", "--no-eval", "--max-steps", "1", "--init-from", (char *)plain, NULL};
+    cli_runv(&r, 120, NULL, p2);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "trained without DoRA (--lora-dora)");
+}
+
+/* LoRA, DoRA and --freeze under --precision bf16 (before, dt_trainer_init refused every one: the frozen weights, kept
+ * like buffers, take the parameters' bf16, and the buffer policy counted them as buffers): each trains, its val loss
+ * near the f32 run's. */
+TEST(frozen_bf16)
+{
+    const char *modes[][5] = {{"--lora-targets", "c_attn,c_proj", NULL},
+                              {"--lora-targets", "c_attn,c_proj", "--lora-dora", NULL},
+                              {"--freeze", "transformer.h.0.*", "--lr", "0.005", NULL}}; /* the last --lr counts */
+    for (int k = 0; k < 3; k++) {
+        double v[2];
+        for (int b = 0; b < 2; b++) {
+            const char *m = cli_path(b ? "fb.jsonl" : "ff.jsonl");
+            char *run[] = {GPT, "--val-data", val_, "--max-steps", "8", "--eval-every", "8", "--metrics", (char *)m,
+                           "--precision", b ? "bf16" : "fp32", (char *)modes[k][0], (char *)modes[k][1],
+                           (char *)modes[k][2], (char *)modes[k][3], NULL};
+            cli_result r;
+            cli_runv(&r, 300, NULL, run);
+            if (r.code)
+                fprintf(stderr, "%s\n%s\n", r.out, r.err);
+            ASSERT_EQ_INT(r.code, 0);
+            v[b] = last_eval_loss(m);
+        }
+        fprintf(stderr, "  %s%s: val loss f32 %.5f, bf16 %.5f\n", modes[k][0], k == 1 ? " --lora-dora" : "", v[0],
+                v[1]);
+        ASSERT(isfinite(v[1]) && fabs(v[1] - v[0]) <= 0.02);
+    }
+}
+
 int main(void)
 {
     make_tokens();
     RUN(ckpt_keeps_lora);
     RUN(lora_from);
+    RUN(dora_cli);
+    RUN(frozen_bf16);
     RUN(save_lora_zero3);
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
