@@ -170,7 +170,7 @@ static const opt_def opts[] = {
      "taken as constants in the backward; not with --tp"},
     {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
      "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
-     "dropout and rsLoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
+     "dropout, rsLoRA and DoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
      "on the --model's own (hf:DIR) or --init-from's"},
     {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
      "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "

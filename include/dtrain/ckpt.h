@@ -449,10 +449,12 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * into directory dir (made if missing) as Hugging Face PEFT's
  * save_pretrained does: adapter_model.safetensors holding every
  * "NAME.lora_A.weight" / "NAME.lora_B.weight" under the key
- * "base_model.model.NAME.lora_A.weight" (metadata format = pt, the
+ * "base_model.model.NAME.lora_A.weight" and, with DoRA, every
+ * "NAME.lora_magnitude_vector.weight" under
+ * "base_model.model.NAME.lora_magnitude_vector" (metadata format = pt, the
  * parameters' dtype), and adapter_config.json (peft_type LORA, task_type
  * CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules (for "all-linear"
- * the layers it chose, as PEFT saves them), use_rslora,
+ * the layers it chose, as PEFT saves them), use_rslora, use_dora,
  * fan_in_fan_out true for Conv1D targets (and tensor-parallel layers
  * whose weight is [in, out]: dt_lora_hook.weight_in_out), base_model_name_or_path =
  * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
@@ -481,7 +483,7 @@ DT_API dt_status dt_lora_save_peft_check(const char *dir);
 
 /* PEFT's adapter_config.json, read by dt_lora_peft_config_read. */
 typedef struct dt_lora_peft_config {
-    dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora; targets = target_names */
+    dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora, use_dora; targets = target_names */
     char **target_names;    /* target_modules, NULL-terminated (owned: dt_lora_peft_config_free) */
     char base_model[1024];  /* base_model_name_or_path, "" when null */
     size_t left_out;        /* adapter tensors of an image-text model's vision tower or projector in the file,
@@ -501,13 +503,15 @@ typedef struct dt_lora_peft_config {
  * position).
  * Errors name the file and the key: DT_ERR_NOT_FOUND without the file,
  * DT_ERR_FORMAT for a malformed value, DT_ERR_UNSUPPORTED for what dtrain's
- * adapters do not express (peft_type other than LORA, DoRA, bias other than
+ * adapters do not express (peft_type other than LORA, bias other than
  * "none", lora_bias, modules_to_save, layers_to_transform, rank/alpha
- * patterns, exclude_modules): refused, never dropped.
+ * patterns, exclude_modules): refused, never dropped. use_dora true reads
+ * as params.dora (DoRA).
  * dir/adapter_model.safetensors's header is read too: an adapter whose rank
  * is not r (lora_A [r, in], lora_B [out, r]) is DT_ERR_MISMATCH naming it,
- * before any model is built at that rank; DT_ERR_NOT_FOUND without the
- * file.
+ * before any model is built at that rank; DoRA magnitudes
+ * ("...lora_magnitude_vector") in a file whose config has no use_dora are
+ * DT_ERR_FORMAT naming the key; DT_ERR_NOT_FOUND without the file.
  * Adapters trained on Gemma 3's image-text model
  * (Gemma3ForConditionalGeneration) are its language model's, read as the
  * text model's (Gemma3ForCausalLM, as dt_ckpt_open reads the image-text

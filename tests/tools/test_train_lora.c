@@ -450,6 +450,19 @@ TEST(dora_cli)
     ASSERT(dt_ckpt_find(c, "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector") >= 0);
     dt_ckpt_close(c);
 
+    /* generate --lora-from: the KV cache's tokens are the full recompute's, and not the base model's */
+    char outs[3][256];
+    for (int k = 0; k < 3; k++) {
+        char *gen[] = {"generate", "--model", "hf:" HF, "--prompt-ids", "1,2,3,4", "--max-new-tokens", "12",
+                       "--temperature", "0", "--kv-cache", k == 1 ? "off" : "on", k < 2 ? "--lora-from" : NULL,
+                       LORA "dora_after", NULL};
+        cli_runv(&r, 120, NULL, gen);
+        ASSERT_EQ_INT(r.code, 0);
+        snprintf(outs[k], sizeof outs[k], "%.255s", r.out);
+    }
+    ASSERT_STR_EQ(outs[0], outs[1]);
+    ASSERT(strcmp(outs[0], outs[2]) != 0);
+
     /* refused */
     char *alone[] = {GPT, "--lora-dora", "--no-eval", "--max-steps", "1", NULL};
     cli_runv(&r, 60, NULL, alone);
