@@ -19,6 +19,7 @@
  *    own products: dt_tp_sp_lora) follows it too, for both models, and
  *    with GPT-2's --lora-dropout the one-process masks; llama-tiny under
  *    --cp 2 --tp 2 --sequence-parallel (4 ranks) as well;
+ *  - gpt-micro with DoRA adapters (--lora-dora) under --pp 2 and --cp 2 alike;
  *  - --lora-dropout with --cp is refused (exit 2, said): its masks follow
  *    a rank's rows, not the positions.
  * SGD with momentum (AdamW would turn rounding-level gradients into full
@@ -51,6 +52,8 @@ typedef struct {
 static const model_t g_llama = {"llama", {"--model", "llama-tiny", NULL}, NULL};
 static const model_t g_gpt = {"gpt", {"--model", "gpt-micro", "--vocab-size", "160", "--n-embd", "32", "--n-head", "4",
                                       NULL}, "c_attn,c_proj,c_fc"};
+static const model_t g_gpt_dora = {"gpt_dora", {"--model", "gpt-micro", "--vocab-size", "160", "--n-embd", "32",
+                                                "--n-head", "4", "--lora-dora", NULL}, "c_attn,c_proj,c_fc"};
 
 /* dtrain [run -n ranks --] train <model> --lora-* ... extra, metrics into m. */
 static void run(cli_result *r, const model_t *md, int ranks, const char *batch, const char *m, char *const *extra)
@@ -71,7 +74,7 @@ typedef struct {
     int n;
 } curve;
 
-static curve g_one[2]; /* llama, gpt */
+static curve g_one[3]; /* llama, gpt, gpt with DoRA */
 
 static const char *outp(const model_t *md, const char *what)
 {
@@ -181,11 +184,15 @@ static char *g_tp2[] = {"--tp", "2", NULL};
 static char *g_pp2[] = {"--pp", "2", "--micro-batches", "2", NULL};
 static char *g_3d[] = {"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2", NULL};
 
+static char *g_cp2[] = {"--cp", "2", NULL};
+
 TEST(llama_tp2) { follows(0, &g_llama, "tp2", 2, "8", g_tp2); }
 TEST(llama_pp2) { follows(0, &g_llama, "pp2", 2, "8", g_pp2); }
 TEST(llama_dp2_tp2_pp2) { follows(0, &g_llama, "3d", 8, "4", g_3d); }
 TEST(gpt_tp2) { follows(1, &g_gpt, "tp2", 2, "8", g_tp2); }
 TEST(gpt_pp2) { follows(1, &g_gpt, "pp2", 2, "8", g_pp2); }
+TEST(gpt_dora_pp2) { follows(2, &g_gpt_dora, "pp2", 2, "8", g_pp2); }
+TEST(gpt_dora_cp2) { follows(2, &g_gpt_dora, "cp2", 2, "8", g_cp2); }
 static char *g_tp2sp[] = {"--tp", "2", "--sequence-parallel", NULL};
 TEST(llama_tp2_sequence_parallel) { follows(0, &g_llama, "tp2sp", 2, "8", g_tp2sp); }
 TEST(gpt_tp2_sequence_parallel) { follows(1, &g_gpt, "tp2sp", 2, "8", g_tp2sp); }
@@ -328,11 +335,14 @@ int main(void)
         DT_TEST_SKIP_ALL("could not write the token file");
     one_process(0, &g_llama);
     one_process(1, &g_gpt);
+    one_process(2, &g_gpt_dora);
     RUN(llama_tp2);
     RUN(llama_pp2);
     RUN(llama_dp2_tp2_pp2);
     RUN(gpt_tp2);
     RUN(gpt_pp2);
+    RUN(gpt_dora_pp2);
+    RUN(gpt_dora_cp2);
     RUN(tp2_checkpoint_resumes_in_one_process);
     RUN(one_process_checkpoint_resumes_under_tp2);
     RUN(lora_from_under_tp2);
