@@ -56,9 +56,13 @@ down_proj, dropout 0, task CAUSAL_LM.
            the same with DoRA on tests/data/hf/gpt2's Conv1D layers c_attn
            and c_proj (fan_in_fan_out=True, after torch.manual_seed(29)),
            input_ids below its vocabulary, the model's dropout off
+  save_init/, save_after/, save_ref.safetensors:
+           LoRA on q_proj and v_proj of the Llama with modules_to_save
+           ["lm_head"] (after torch.manual_seed(37)): the head trains whole
+           and is saved as base_model.model.lm_head.weight
 
 Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
-       $PEER_PYTHON scripts/make_lora_goldens.py --dora [tests/data]   (only the DoRA files)
+       $PEER_PYTHON scripts/make_lora_goldens.py --dora [tests/data]   (only the DoRA and save_ files)
        $PEER_PYTHON scripts/make_lora_goldens.py --check ADAPTER_DIR [tests/data]
 The second form loads adapters another program wrote (dtrain train
 --save-lora, or the test's own) with PeftModel.from_pretrained on the same
@@ -141,6 +145,11 @@ if dora_only:
     pm = get_peft_model(g, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], lora_dropout=0.0,
                                       use_dora=True, fan_in_fan_out=True, task_type="CAUSAL_LM"))
     train_save(pm, gids, "gpt2_dora", ["c_attn", "c_proj"])
+    base = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    torch.manual_seed(37)
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                                         modules_to_save=["lm_head"], task_type="CAUSAL_LM"))
+    train_save(pm, ids, "save", ["q_proj", "v_proj", "lm_head"])
     sys.exit(0)
 
 os.makedirs(out, exist_ok=True)

@@ -100,6 +100,9 @@ static void cleanup(dt__train_run *t)
     free(t->lora_buf);
     dt_lora_peft_config_free(&t->peft);
     free(t->peft_targets);
+    free(t->peft_save);
+    free(t->save_buf);
+    free(t->save_modules);
     dt__tuning_free(&t->ck_tuning);
     free(t->ck_path);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */

@@ -85,6 +85,7 @@ typedef struct dt__train_opts {
     double lora_dropout;
     bool lora_rslora;
     bool lora_dora;           /* DoRA (PEFT's use_dora) */
+    const char *lora_save_modules; /* PEFT's modules_to_save: comma-separated module names (NULL: none) */
     const char *save_lora;    /* directory for the adapters in PEFT's format at the end */
     const char *lora_from;    /* PEFT adapters (adapter_config.json + adapter_model.safetensors) to start from */
     /* ZeRO / FSDP (tools/train_ddp.c) */
@@ -314,21 +315,26 @@ typedef struct dt__tuning {
     double lora_alpha, lora_dropout;
     bool lora_rslora;
     bool lora_dora;       /* DoRA (false in checkpoints saved before it was kept) */
+    char *lora_save;      /* modules_to_save, comma-separated; NULL: none */
     char *freeze;         /* --freeze's patterns; NULL: none */
     char *target_buf;     /* dt__tuning_lora's split targets */
     const char **target_list;
+    char *save_buf;       /* and modules to save */
+    const char **save_list;
 } dt__tuning;
 /* The settings of the checkpoint at path (a checkpoint or save directory). */
 dt_status dt__tuning_read(const char *path, dt__tuning *out);
 /* Its LoRA as build parameters (targets borrowed from t); defaults when none. */
 dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p);
 void dt__tuning_free(dt__tuning *t);
-/* {"lora":{"targets":..,"r":..,"alpha":..,"dropout":..,"rslora":..,"dora":..}|null,"freeze":..|null}
- * (cJSON_free). */
+/* {"lora":{"targets":..,"r":..,"alpha":..,"dropout":..,"rslora":..,"dora":..,"modules_to_save":..|null}|null,
+ * "freeze":..|null} (cJSON_free). */
 char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char *freeze);
 /* The settings as the flags that give them, for messages. */
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
-                         const char *freeze, char *buf, size_t n);
+                         const char *save, const char *freeze, char *buf, size_t n);
+/* NULL-terminated names joined with commas (malloc'd; "" for none), NULL when out of memory. */
+char *dt__join_names(const char *const *names);
 /* Whether ck holds these settings. */
 bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_params *lp, const char *freeze);
 

@@ -168,6 +168,10 @@ static const opt_def opts[] = {
      "DoRA (PEFT's use_dora): each adapted layer also learns a magnitude per output feature (lora_magnitude_vector, "
      "starting at the base weight's row norms) and computes m / ||W + s B A|| * (W x + s B(A(x))) + bias, the norms "
      "taken as constants in the backward; not with --tp"},
+    {"lora-modules-to-save", OPT_STR, OFF(lora_save_modules), 0, 0, NULL, "NAME[,NAME...]",
+     "PEFT's modules_to_save: the modules whose names end so (lm_head, embed_tokens) train whole beside the "
+     "adapters, --save-lora writes them (and --lora-from reads them) as PEFT does; a tied weight (lm_head and "
+     "embed_tokens under tie_word_embeddings) trains as one, as PEFT's ensure_weight_tying; not with --tp"},
     {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
      "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
      "dropout, rsLoRA and DoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
@@ -799,15 +803,16 @@ int dt__train_check(dt__train_opts *o)
                     "tokenizer.json)\n");
         return 2;
     }
-    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->lora_dora) &&
-        !o->lora_targets) {
-        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora and --lora-dora go with "
-                    "--lora-targets NAME[,NAME...]\n");
+    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->lora_dora ||
+         o->lora_save_modules) && !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora, --lora-dora and "
+                    "--lora-modules-to-save go with --lora-targets NAME[,NAME...]\n");
         return 2;
     }
     if (o->lora_from && o->lora_targets) {
         dt__cli_err("dtrain train: --lora-from DIR takes the LoRA settings from DIR/adapter_config.json: not with "
-                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout, --lora-rslora or --lora-dora\n");
+                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout, --lora-rslora, --lora-dora or "
+                    "--lora-modules-to-save\n");
         return 2;
     }
     if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {

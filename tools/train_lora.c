@@ -20,6 +20,9 @@ void dt__tuning_free(dt__tuning *t)
     free(t->freeze);
     free(t->target_buf);
     free(t->target_list);
+    free(t->lora_save);
+    free(t->save_buf);
+    free(t->save_list);
     memset(t, 0, sizeof *t);
 }
 
@@ -56,6 +59,7 @@ dt_status dt__tuning_read(const char *path, dt__tuning *out)
             out->lora_dropout = d->valuedouble;
             out->lora_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "rslora"));
             out->lora_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "dora"));
+            st = dup_str(cJSON_GetObjectItemCaseSensitive(l, "modules_to_save"), &out->lora_save);
         }
     }
     if (st >= 0)
@@ -66,33 +70,54 @@ dt_status dt__tuning_read(const char *path, dt__tuning *out)
     return st;
 }
 
+/* list split at its commas into *buf (the strings) and *out (NULL-terminated) */
+static dt_status split(const char *list, char **buf, const char ***out)
+{
+    size_t n = 2;
+    for (const char *c = list; *c; c++)
+        n += *c == ',';
+    free(*buf);
+    free(*out);
+    *buf = strdup(list);
+    *out = calloc(n, sizeof **out);
+    if (!*buf || !*out)
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory");
+    size_t k = 0;
+    for (char *s = *buf, *c; s; s = c) {
+        if ((c = strchr(s, ',')))
+            *c++ = 0;
+        (*out)[k++] = s;
+    }
+    return DT_OK;
+}
+
 dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
 {
     *p = dt_lora_params_default();
     if (!t->lora_targets)
         return DT_OK;
-    size_t n = 2;
-    for (const char *c = t->lora_targets; *c; c++)
-        n += *c == ',';
-    free(t->target_buf);
-    free(t->target_list);
-    t->target_buf = strdup(t->lora_targets);
-    t->target_list = calloc(n, sizeof *t->target_list);
-    if (!t->target_buf || !t->target_list)
-        return dt_error(DT_ERR_NO_MEMORY, "out of memory");
-    size_t k = 0;
-    for (char *s = t->target_buf, *c; s; s = c) {
-        if ((c = strchr(s, ',')))
-            *c++ = 0;
-        t->target_list[k++] = s;
-    }
+    if (split(t->lora_targets, &t->target_buf, &t->target_list) < 0 ||
+        (t->lora_save && split(t->lora_save, &t->save_buf, &t->save_list) < 0))
+        return DT_ERR_NO_MEMORY;
     p->targets = t->target_list;
+    p->modules_to_save = t->lora_save ? t->save_list : NULL;
     p->r = t->lora_r;
     p->alpha = (float)t->lora_alpha;
     p->dropout = (float)t->lora_dropout;
     p->rslora = t->lora_rslora;
     p->dora = t->lora_dora;
     return DT_OK;
+}
+
+char *dt__join_names(const char *const *names)
+{
+    size_t n = 1;
+    for (const char *const *s = names; s && *s; s++)
+        n += strlen(*s) + 1;
+    char *j = calloc(1, n);
+    for (const char *const *s = names; j && s && *s; s++)
+        snprintf(j + strlen(j), n - strlen(j), "%s%s", s == names ? "" : ",", *s);
+    return j;
 }
 
 char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char *freeze)
@@ -108,6 +133,12 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
         cJSON_AddNumberToObject(l, "dropout", (double)lp->dropout);
         cJSON_AddBoolToObject(l, "rslora", lp->rslora);
         cJSON_AddBoolToObject(l, "dora", lp->dora);
+        char *save = lp->modules_to_save && lp->modules_to_save[0] ? dt__join_names(lp->modules_to_save) : NULL;
+        if (save)
+            cJSON_AddStringToObject(l, "modules_to_save", save);
+        else
+            cJSON_AddNullToObject(l, "modules_to_save");
+        free(save);
     } else {
         cJSON_AddNullToObject(o, "lora");
     }
@@ -121,16 +152,26 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
 }
 
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
-                         const char *freeze, char *buf, size_t n)
+                         const char *save, const char *freeze, char *buf, size_t n)
 {
     size_t k = 0;
     if (targets)
-        k = (size_t)snprintf(buf, n, "--lora-targets %s --lora-r %lld --lora-alpha %g --lora-dropout %g%s%s", targets,
-                             (long long)r, alpha, dropout, rslora ? " --lora-rslora" : "", dora ? " --lora-dora" : "");
+        k = (size_t)snprintf(buf, n, "--lora-targets %s --lora-r %lld --lora-alpha %g --lora-dropout %g%s%s%s%s",
+                             targets, (long long)r, alpha, dropout, rslora ? " --lora-rslora" : "",
+                             dora ? " --lora-dora" : "", save ? " --lora-modules-to-save " : "", save ? save : "");
     else
         k = (size_t)snprintf(buf, n, "no LoRA");
     if (k < n)
         snprintf(buf + k, n - k, freeze ? " --freeze %s" : "", freeze);
+}
+
+/* Whether comma-separated list a (NULL: none) names names (NULL or empty: none) */
+static bool same_names(const char *a, const char *const *names)
+{
+    char *j = names && names[0] ? dt__join_names(names) : NULL;
+    const bool same = !a == !j && (!a || !strcmp(a, j));
+    free(j);
+    return same;
 }
 
 bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_params *lp, const char *freeze)
@@ -140,5 +181,6 @@ bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_pa
     if (!targets)
         return true;
     return !strcmp(ck->lora_targets, targets) && ck->lora_r == lp->r && (float)ck->lora_alpha == lp->alpha &&
-           (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora && ck->lora_dora == lp->dora;
+           (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora && ck->lora_dora == lp->dora &&
+           same_names(ck->lora_save, lp->modules_to_save);
 }

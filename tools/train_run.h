@@ -46,6 +46,9 @@ typedef struct {
     dt_lora_params lora;          /* with lora_targets set: the build's adapters */
     dt_lora_peft_config peft;     /* --lora-from DIR's adapter_config.json */
     char *peft_targets;           /* its target_modules joined with commas (o.lora_targets) */
+    char *peft_save;              /* its modules_to_save joined so (o.lora_save_modules), or NULL */
+    char *save_buf;               /* --lora-modules-to-save split at its commas */
+    const char **save_modules;    /* NULL-terminated (t->lora.modules_to_save) */
     dt__tuning ck_tuning;         /* the LoRA/--freeze settings of the checkpoint resumed or evaluated */
     char *ck_path;                /* that checkpoint (NULL: none) */
     const char *vocab_from;       /* where the GPT vocabulary size came from (messages) */

@@ -109,15 +109,11 @@ int dt__tr_lora_from(dt__train_run *t)
     if (t->peft.left_out && dt__ddp_is_main(&t->ddp)) /* an image-text model's: this model has no vision tower */
         dt__cli_err("dtrain train: note: --lora-from %s: %zu adapter tensors of an image-text model's vision tower "
                     "or projector left out (the language model's load)\n", t->o.lora_from, t->peft.left_out);
-    size_t n = 1;
-    for (char **s = t->peft.target_names; *s; s++)
-        n += strlen(*s) + 1;
-    if (!(t->peft_targets = calloc(1, n)))
+    if (!(t->peft_targets = dt__join_names((const char *const *)t->peft.target_names)) ||
+        (t->peft.save_names && !(t->peft_save = dt__join_names((const char *const *)t->peft.save_names))))
         return dt__tr_fail(1, "--lora-from");
-    for (char **s = t->peft.target_names; *s; s++)
-        snprintf(t->peft_targets + strlen(t->peft_targets), n - strlen(t->peft_targets), "%s%s",
-                 s == t->peft.target_names ? "" : ",", *s);
     t->o.lora_targets = t->peft_targets;
+    t->o.lora_save_modules = t->peft_save;
     t->o.lora_r = t->peft.params.r;
     t->o.lora_alpha = t->peft.params.alpha;
     t->o.lora_dropout = t->peft.params.dropout;
@@ -161,6 +157,7 @@ static int ckpt_tuning(dt__train_run *t, const char *eval_ckpt)
         t->o.lora_dropout = t->ck_tuning.lora_dropout;
         t->o.lora_rslora = t->ck_tuning.lora_rslora;
         t->o.lora_dora = t->ck_tuning.lora_dora;
+        t->o.lora_save_modules = t->ck_tuning.lora_save;
     }
     return 0;
 }
@@ -173,9 +170,9 @@ static int check_tuning(dt__train_run *t, const char *eval_ckpt)
         return 0;
     char ck[1500], here[1500];
     dt__tuning_describe(c->lora_targets, c->lora_r, c->lora_alpha, c->lora_dropout, c->lora_rslora, c->lora_dora,
-                        c->freeze, ck, sizeof ck);
+                        c->lora_save, c->freeze, ck, sizeof ck);
     dt__tuning_describe(t->o.lora_targets, t->lora.r, t->lora.alpha, t->lora.dropout, t->lora.rslora, t->lora.dora,
-                        t->o.freeze, here, sizeof here);
+                        t->o.lora_save_modules, t->o.freeze, here, sizeof here);
     dt__cli_err("dtrain train: %s %s was trained with %s; this command has %s: give the checkpoint's settings, or "
                 "none (they are then taken from it)\n", eval_ckpt ? "--ckpt" : "--resume", t->ck_path, ck, here);
     return 2;
@@ -210,6 +207,11 @@ int dt__tr_freeze_patterns(dt__train_run *t, const char *eval_ckpt)
     t->lora.rslora = t->o.lora_rslora;
     t->lora.dora = t->o.lora_dora;
     t->lora.targets = t->lora_targets;
+    if (t->o.lora_save_modules) {
+        if ((rc = split_list("--lora-modules-to-save", t->o.lora_save_modules, &t->save_buf, &t->save_modules)))
+            return rc;
+        t->lora.modules_to_save = t->save_modules;
+    }
     return check_tuning(t, eval_ckpt);
 }
 

@@ -451,10 +451,14 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * "NAME.lora_A.weight" / "NAME.lora_B.weight" under the key
  * "base_model.model.NAME.lora_A.weight" and, with DoRA, every
  * "NAME.lora_magnitude_vector.weight" under
- * "base_model.model.NAME.lora_magnitude_vector" (metadata format = pt, the
- * parameters' dtype), and adapter_config.json (peft_type LORA, task_type
- * CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules (for "all-linear"
+ * "base_model.model.NAME.lora_magnitude_vector", and the parameters of the
+ * modules to save (dt_lora_params.modules_to_save) under
+ * "base_model.model." + their names, a tied one under each of its names
+ * (metadata format = pt, the parameters' dtype), and adapter_config.json
+ * (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
+ * target_modules (for "all-linear"
  * the layers it chose, as PEFT saves them), use_rslora, use_dora,
+ * modules_to_save, ensure_weight_tying (true when a tied weight is saved),
  * fan_in_fan_out true for Conv1D targets (and tensor-parallel layers
  * whose weight is [in, out]: dt_lora_hook.weight_in_out), base_model_name_or_path =
  * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
@@ -485,6 +489,7 @@ DT_API dt_status dt_lora_save_peft_check(const char *dir);
 typedef struct dt_lora_peft_config {
     dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora, use_dora; targets = target_names */
     char **target_names;    /* target_modules, NULL-terminated (owned: dt_lora_peft_config_free) */
+    char **save_names;      /* modules_to_save, NULL-terminated, or NULL (owned; params.modules_to_save) */
     char base_model[1024];  /* base_model_name_or_path, "" when null */
     size_t left_out;        /* adapter tensors of an image-text model's vision tower or projector in the file,
                                which dt_trainer_load_peft leaves out (0 for a text model's adapters) */
@@ -506,7 +511,9 @@ typedef struct dt_lora_peft_config {
  * adapters do not express (peft_type other than LORA, bias other than
  * "none", lora_bias, modules_to_save, layers_to_transform, rank/alpha
  * patterns, exclude_modules): refused, never dropped. use_dora true reads
- * as params.dora (DoRA).
+ * as params.dora (DoRA), modules_to_save as params.modules_to_save
+ * (out->save_names); dt_trainer_load_peft then loads those modules' weights
+ * too.
  * dir/adapter_model.safetensors's header is read too: an adapter whose rank
  * is not r (lora_A [r, in], lora_B [out, r]) is DT_ERR_MISMATCH naming it,
  * before any model is built at that rank; DoRA magnitudes

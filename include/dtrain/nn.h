@@ -486,6 +486,14 @@ typedef struct dt_lora_params {
                                     layer lm_head (PEFT's target_modules = "all-linear") */
     bool rslora;                 /* scaling alpha / sqrt(r) (default false) */
     bool dora;                   /* DoRA: weight-decomposed adapters (default false) */
+    const char *const *modules_to_save; /* NULL-terminated module names (PEFT's modules_to_save): a
+                                    module whose path ends in one of them ("lm_head",
+                                    "model.embed_tokens") trains whole, with every module inside
+                                    it, beside the adapters (its parameters are not frozen); a
+                                    weight tied to another (tie_word_embeddings) trains as one
+                                    when either module is named (PEFT's ensure_weight_tying). A
+                                    name matching no module is refused. Borrowed during the
+                                    build; default NULL (none) */
 } dt_lora_params;
 DT_API dt_lora_params dt_lora_params_default(void);
 /* DoRA's magnitudes' child module (PEFT's name; its parameter "weight"). */

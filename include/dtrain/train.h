@@ -861,12 +861,16 @@ DT_API dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_re
 DT_API dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file);
 /* Load the LoRA adapters of directory dir, as Hugging Face PEFT's
  * save_pretrained writes them (dir/adapter_model.safetensors, keys
- * "base_model.model.<layer>.lora_A.weight" / ".lora_B.weight"), into the
- * adapters of tr's model (built with dt_model_build_params.lora: read the
- * settings with dt_lora_peft_config_read, ckpt.h). Only the adapters change;
- * every adapter of the model must be in the file (DT_ERR_NOT_FOUND naming
- * the key) and every key of the file must be an adapter of the model
- * (DT_ERR_NOT_FOUND / DT_ERR_FORMAT naming the file and the key), each in
+ * "base_model.model.<layer>.lora_A.weight" / ".lora_B.weight", DoRA's
+ * ".lora_magnitude_vector", the modules to save's "base_model.model." +
+ * their names), into the adapters of tr's model (built with
+ * dt_model_build_params.lora: read the settings with
+ * dt_lora_peft_config_read, ckpt.h). Only the adapters (and the modules to
+ * save) change; every one of the model must be in the file
+ * (DT_ERR_NOT_FOUND naming the key) and every key of the file must be one
+ * of them (DT_ERR_NOT_FOUND / DT_ERR_FORMAT naming the file and the key;
+ * a weight the model ties to another must hold its values:
+ * DT_ERR_MISMATCH), each in
  * its shape (DT_ERR_SHAPE) and a float dtype. Adapters of Gemma 3's
  * image-text model load onto its language model (the keys named as the
  * text model's, the vision tower's and projector's left out, as

@@ -31,12 +31,18 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
     void *buf = NULL;
     char **names = calloc(ne ? ne : 1, sizeof *names);
     dt_status st = d && idx && cidx && names ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "LoRA adapters %s: out of memory", dir);
-    bool fan_in_fan_out = false;
+    bool fan_in_fan_out = false, tied = false;
     for (size_t i = 0; st == DT_OK && i < ne; i++) {
-        dt_param_info pi;
+        dt_param_info pi, si;
         dt_model_entry(m, i, &pi);
-        if (!dt_lora_is_adapter(pi.name))
+        /* an adapter, or a parameter of a module to save (in a LoRA model, what trains beside the adapters) */
+        const bool adapter = dt_lora_is_adapter(pi.name);
+        if (!adapter && pi.is_buffer)
             continue;
+        tied |= pi.tied_to >= 0;
+        si = pi; /* a tied weight's values: its source's (a checkpoint holds them under that name) */
+        if (pi.tied_to >= 0)
+            dt_model_entry(m, (size_t)pi.tied_to, &si);
         const bool mag = dt_lora_is_magnitude(pi.name); /* DoRA's [out] */
         int64_t ci = -1;
         dt_ckpt_tensor ct;
@@ -51,17 +57,21 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             else if (!is_a && h->split == 1)
                 full[0] = h->out;
         }
-        const uint64_t fnum = (uint64_t)full[0] * (uint64_t)(mag ? 1 : full[1]);
-        if (ck && ((ci = dt_ckpt_find(ck, pi.name)) < 0 || dt_ckpt_tensor_at(ck, (size_t)ci, &ct) < 0 ||
-                   ct.numel != fnum || ct.ndim != pi.ndim || ct.shape[0] != full[0] ||
-                   (!mag && ct.shape[1] != full[1])))
-            st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' [%lld%s%lld]", dir,
-                          src, pi.name, (long long)full[0], mag ? "" : ", ", mag ? 0LL : (long long)full[1]);
+        uint64_t fnum = 1;
+        bool fits = ck && (ci = dt_ckpt_find(ck, si.name)) >= 0 && dt_ckpt_tensor_at(ck, (size_t)ci, &ct) >= 0 &&
+                    ct.ndim == pi.ndim;
+        for (int k = 0; k < pi.ndim; k++) {
+            fnum *= (uint64_t)full[k];
+            fits = fits && ct.shape[k] == full[k];
+        }
+        if (ck && (!fits || ct.numel != fnum))
+            st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' of %llu elements",
+                          dir, src, si.name, (unsigned long long)fnum);
         else if (!ck && pi.tp_dim && dt_module_lora(dt_module_parent(pi.module)) &&
                  dt_module_lora(dt_module_parent(pi.module))->ranks > 1)
             st = dt_error(DT_ERR_STATE, "LoRA adapters %s: '%s' is this rank's tensor-parallel slice (save from a "
                           "checkpoint: dt_lora_save_peft_from)", dir, pi.name);
-        else if (!ck && !pi.tensor)
+        else if (!ck && !si.tensor)
             st = dt_error(DT_ERR_STATE, "LoRA adapters %s: '%s' has no memory on this rank (a sharded or meta "
                           "model: save from a model that holds its parameters whole)", dir, pi.name);
         size_t l = strlen(PREFIX) + strlen(pi.name) + 1;
@@ -74,7 +84,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         /* the layer (the name without ".lora_X.weight") is a Conv1D: PEFT's fan_in_fan_out */
         char layer[512];
         snprintf(layer, sizeof layer, "%.*s", (int)dt_lora_layer_len(pi.name), pi.name);
-        const dt_module *lm = dt_model_find_module(m, layer);
+        const dt_module *lm = adapter ? dt_model_find_module(m, layer) : NULL;
         fan_in_fan_out |= lm && (!strcmp(dt_module_type(lm), "Conv1D") || (dt_module_lora(lm) &&
                                                                            dt_module_lora(lm)->weight_in_out));
         d[n] = (dt_st_desc){.name = names[n], .dtype = ck ? ct.dtype : dt_st_dtype_from(pi.dtype), .ndim = pi.ndim};
@@ -93,7 +103,11 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
     for (size_t k = 0; st == DT_OK && k < n; k++) {
         dt_param_info pi;
         dt_model_entry(m, idx[k], &pi);
-        const size_t numel = (size_t)d[k].shape[0] * (size_t)(d[k].ndim > 1 ? d[k].shape[1] : 1);
+        if (pi.tied_to >= 0)
+            dt_model_entry(m, (size_t)pi.tied_to, &pi);
+        size_t numel = 1;
+        for (int j = 0; j < d[k].ndim; j++)
+            numel *= (size_t)d[k].shape[j];
         size_t bytes = numel * dt_st_dtype_size(d[k].dtype);
         if (!ck) {
             st = dt_st_writer_write(w, k, pi.tensor->data, bytes);
@@ -135,6 +149,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         else
             cJSON_AddNullToObject(c, "base_model_name_or_path");
         cJSON_AddStringToObject(c, "bias", "none");
+        cJSON_AddBoolToObject(c, "ensure_weight_tying", tied); /* a tied weight saved: it trained as one */
         cJSON_AddNullToObject(c, "exclude_modules");
         cJSON_AddBoolToObject(c, "fan_in_fan_out", fan_in_fan_out);
         cJSON_AddBoolToObject(c, "inference_mode", true);
@@ -144,7 +159,13 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         cJSON_AddNumberToObject(c, "lora_alpha", p->alpha);
         cJSON_AddBoolToObject(c, "lora_bias", false);
         cJSON_AddNumberToObject(c, "lora_dropout", p->dropout);
-        cJSON_AddNullToObject(c, "modules_to_save");
+        cJSON *save = cJSON_CreateArray();
+        for (const char *const *s = p->modules_to_save; s && *s; s++)
+            cJSON_AddItemToArray(save, cJSON_CreateString(*s));
+        if (cJSON_GetArraySize(save) > 0)
+            cJSON_AddItemToObject(c, "modules_to_save", save);
+        else
+            cJSON_AddNullToObject(c, "modules_to_save"), cJSON_Delete(save);
         cJSON_AddStringToObject(c, "peft_type", "LORA");
         cJSON_AddNumberToObject(c, "r", (double)p->r);
         cJSON_AddItemToObject(c, "rank_pattern", cJSON_CreateObject());
@@ -397,9 +418,12 @@ void dt_lora_peft_config_free(dt_lora_peft_config *c)
         return;
     for (char **t = c->target_names; t && *t; t++)
         free(*t);
+    for (char **t = c->save_names; t && *t; t++)
+        free(*t);
     free(c->target_names);
-    c->target_names = NULL;
-    c->params.targets = NULL;
+    free(c->save_names);
+    c->target_names = c->save_names = NULL;
+    c->params.targets = c->params.modules_to_save = NULL;
 }
 
 dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
@@ -432,7 +456,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(c, "target_modules");
     const cJSON *bm = cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path");
     /* what dtrain's adapters do not express: refused by name, never dropped */
-    static const char *const must_default[] = {"lora_bias", "modules_to_save", "layers_to_transform",
+    static const char *const must_default[] = {"lora_bias", "layers_to_transform",
                                                "layers_pattern", "rank_pattern", "alpha_pattern", "exclude_modules",
                                                "bias", "trainable_token_indices", "use_qalora", "megatron_config",
                                                "target_parameters", "layer_replication", "use_bdlora"};
@@ -444,7 +468,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     for (size_t i = 0; st >= 0 && i < sizeof must_default / sizeof must_default[0]; i++)
         if (!at_default(cJSON_GetObjectItemCaseSensitive(c, must_default[i])))
             st = bad_key(file, must_default[i], "is set: dtrain's LoRA has plain or DoRA adapters on every target "
-                         "layer (no adapter biases, saved modules, per-layer ranks or layer selection)");
+                         "layer (no adapter biases, per-layer ranks or layer selection)");
     if (st >= 0 && (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 65536 ||
                     r->valuedouble != (double)(int64_t)r->valuedouble))
         st = dt_error(DT_ERR_FORMAT, "%s: \"r\" must be an integer in 1..65536", file);
@@ -456,6 +480,19 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", file);
     if (st >= 0 && ud && !cJSON_IsBool(ud) && !cJSON_IsNull(ud))
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_dora\" must be true or false", file);
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(c, "modules_to_save");
+    if (st >= 0 && ms && !cJSON_IsNull(ms) && !cJSON_IsArray(ms))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"modules_to_save\" must be a list of module names or null", file);
+    const int nms = st >= 0 && cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : 0;
+    if (nms > 0 && !(out->save_names = calloc((size_t)nms + 1, sizeof *out->save_names)))
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    for (int i = 0; st >= 0 && i < nms; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ms, i);
+        if (!cJSON_IsString(e) || !e->valuestring[0])
+            st = dt_error(DT_ERR_FORMAT, "%s: \"modules_to_save\"[%d] is not a module name", file, i);
+        else if (!(out->save_names[i] = text_target(e->valuestring)))
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    }
     const bool all = cJSON_IsString(tm) && !strcmp(tm->valuestring, "all-linear"); /* a hand-written config's */
     dt__re *re = NULL; /* target_modules as a regular expression: the layers are the file's */
     if (st >= 0 && cJSON_IsString(tm) && !all)
@@ -483,6 +520,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         out->params.dropout = dr ? (float)dr->valuedouble : 0.0f;
         out->params.rslora = cJSON_IsTrue(rs);
         out->params.dora = cJSON_IsTrue(ud);
+        out->params.modules_to_save = (const char *const *)out->save_names;
         out->params.targets = (const char *const *)out->target_names;
         if (cJSON_IsString(bm))
             snprintf(out->base_model, sizeof out->base_model, "%s", bm->valuestring);

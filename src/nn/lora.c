@@ -36,7 +36,8 @@
 
 dt_lora_params dt_lora_params_default(void)
 {
-    return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false, .dora = false};
+    return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false, .dora = false,
+                            .modules_to_save = NULL};
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -246,6 +247,26 @@ bool dt__lora_param(const dt_module *m)
            (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB") || !strcmp(m->type, "LoraMagnitude"));
 }
 
+/* PEFT's modules_to_save match: the module's name ends in one of them (a plain suffix, as PEFT tests it) */
+static bool saved_name(const char *path, const char *const *names)
+{
+    const size_t pl = strlen(path);
+    for (const char *const *n = names; n && *n; n++) {
+        const size_t nl = strlen(*n);
+        if (nl && pl >= nl && !strcmp(path + pl - nl, *n))
+            return true;
+    }
+    return false;
+}
+
+bool dt__lora_saved(const dt_module *m, const char *const *names)
+{
+    for (; names && m; m = m->parent)
+        if (m->path && saved_name(m->path, names))
+            return true;
+    return false;
+}
+
 static dt_status add_child(dt_module *m, const char *name, dt_module *c)
 {
     dt_nn_kind k = m->kind;
@@ -358,6 +379,20 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     return dt_module_set_forward(m, lora_forward, NULL);
 }
 
+/* Whether a module under m (path its path) has a path ending in name */
+static bool has_saved(const dt_module *m, const char *path, const char *name)
+{
+    const char *one[] = {name, NULL};
+    for (int i = 0; i < m->nchild; i++) {
+        const dt_module *c = m->children[i];
+        char cp[1024];
+        snprintf(cp, sizeof cp, "%s%s%s", path, path[0] ? "." : "", c->name);
+        if (saved_name(cp, one) || has_saved(c, cp, name))
+            return true;
+    }
+    return false;
+}
+
 static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, int *n)
 {
     const bool all = dt_lora_targets_all_linear(p->targets);
@@ -370,8 +405,11 @@ static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, i
             return dt_error(DT_ERR_NO_MEMORY, "LoRA: out of memory");
         snprintf(cp, l, "%s%s%s", path, path[0] ? "." : "", c->name);
         dt_status st = DT_OK;
+        const bool keep = saved_name(cp, p->modules_to_save);
         if (all ? adaptable(c) && !is_output(cp) : is_target(cp, p->targets)) {
-            st = adapt(c, cp, p);
+            st = keep ? dt_error(DT_ERR_INVALID_ARG, "LoRA: '%s' is both a target layer and a module to save "
+                                 "(modules_to_save): one or the other", cp)
+                      : adapt(c, cp, p);
             (*n)++;
         } else {
             st = walk(c, cp, p, n);
@@ -390,6 +428,10 @@ dt_status dt__lora_apply(dt_module *root, const dt_lora_params *p)
                         (long long)p->r, (double)p->alpha, (double)p->dropout);
     if (!p->targets || !p->targets[0])
         return dt_error(DT_ERR_INVALID_ARG, "LoRA: no target layers (names such as c_attn or q_proj)");
+    for (const char *const *s = p->modules_to_save; s && *s; s++)
+        if (!**s || !has_saved(root, "", *s))
+            return dt_error(DT_ERR_NOT_FOUND, "LoRA: no module's name ends in '%s' (a module to save, "
+                            "modules_to_save; lm_head, embed_tokens or model.norm are such names)", *s);
     int n = 0;
     dt_status st = walk(root, "", p, &n);
     if (st < 0)

@@ -83,7 +83,10 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
                     p->numel *= (size_t)s->shape[d];
                 }
             }
-            p->frozen = !s->is_buffer && md->lora && !dt__lora_param(m);
+            p->frozen = !s->is_buffer && md->lora && !dt__lora_param(m) && !dt__lora_saved(m, md->lora_saved);
+            if (!s->is_buffer && md->lora && !dt__lora_param(m) && !p->frozen && s->tp_dim)
+                return dt_error(DT_ERR_UNSUPPORTED, "LoRA modules_to_save: '%s' is a tensor-parallel slice (modules "
+                                "to save train without --tp)", e->name);
             for (const char *const *f = md->frozen; f && *f && !s->is_buffer && !p->frozen; f++)
                 p->frozen = fnmatch(*f, e->name, 0) == 0;
             p->is_buffer = s->is_buffer || p->frozen; /* frozen: stored and kept like a buffer */
@@ -476,6 +479,7 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     md->f32_modules = bp->f32_modules;
     md->frozen = bp->frozen;
     md->lora = bp->lora != NULL;
+    md->lora_saved = bp->lora ? bp->lora->modules_to_save : NULL;
     if (bp->lora && dt__lora_apply(root, bp->lora) < 0) {
         dt_status st = dt_last_status();
         dt_module_free(root);
@@ -493,8 +497,15 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     }
     if (collect(md, root, NULL) < 0)
         goto fail;
+    md->lora_saved = NULL; /* borrowed for collect */
     if (resolve_ties(md) < 0)
         goto fail;
+    /* a weight tied to a module to save trains (PEFT's ensure_weight_tying) */
+    for (size_t i = 0; i < md->nentry; i++) {
+        dt__entry *e = &md->entries[i], *t = e->tied >= 0 ? &md->entries[e->tied] : NULL;
+        if (t && md->lora && !e->info.frozen && t->info.frozen)
+            t->info.frozen = t->info.is_buffer = false;
+    }
     for (size_t i = 0; i < md->nentry; i++) { /* a tied entry is stored (and frozen or not) as its source */
         dt__entry *e = &md->entries[i];
         if (e->tied >= 0) {

@@ -358,17 +358,17 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
             continue;
         bool found;
         const bool adapter = dt_lora_is_adapter(q->e.name);
-        if (adapters) {
-            if (!adapter)
-                continue;
+        if (adapters) { /* the adapters, and what trains beside them: the modules to save */
             const bool mag = dt_lora_is_magnitude(q->e.name); /* PEFT's key: without ".weight" */
             snprintf(name, sizeof name, "%s%.*s", adapters, (int)(strlen(q->e.name) - (mag ? 7 : 0)), q->e.name);
             if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
                 break;
             if (!found) {
-                st = dt_error(DT_ERR_NOT_FOUND, "%s has no tensor '%s' (the model's adapter %s: %s)", ckname, name,
-                              q->e.name, mag ? "DoRA's magnitudes; adapters saved without use_dora?"
-                                             : "adapters saved for other target layers?");
+                st = dt_error(DT_ERR_NOT_FOUND, "%s has no tensor '%s' (the model's %s %s: %s)", ckname, name,
+                              adapter ? "adapter" : "module to save", q->e.name,
+                              mag      ? "DoRA's magnitudes; adapters saved without use_dora?"
+                              : adapter ? "adapters saved for other target layers?"
+                                        : "adapters saved without it in modules_to_save?");
                 break;
             }
             conv[i] = q->lowp && q->hi > q->lo;
@@ -628,8 +628,29 @@ dt_status dt_trainer_ckpt_user(const char *path, char **json)
 
 #define PEFT_PREFIX "base_model.model."
 
-/* Every tensor of PEFT's file must be an adapter of m under PEFT's prefix. */
-static dt_status peft_keys(const dt_model *m, const dt_ckpt *ck, const char *file)
+/* Whether tensors i and j of ck hold the same values (read as f32). */
+static dt_status same_values(dt_ckpt *ck, size_t i, size_t j, bool *same)
+{
+    dt_ckpt_tensor a, b;
+    dt_status st = dt_ckpt_tensor_at(ck, i, &a);
+    if (st >= 0)
+        st = dt_ckpt_tensor_at(ck, j, &b);
+    *same = st >= 0 && a.numel == b.numel;
+    float *x = *same ? malloc(a.numel * sizeof *x + 1) : NULL, *y = *same ? malloc(a.numel * sizeof *y + 1) : NULL;
+    if (*same && (!x || !y))
+        st = dt_error(DT_ERR_NO_MEMORY, "out of memory comparing '%s' and '%s'", a.name, b.name);
+    if (*same && st >= 0 && (st = dt_ckpt_read(ck, i, 0, a.numel, x, true)) >= 0 &&
+        (st = dt_ckpt_read(ck, j, 0, b.numel, y, true)) >= 0)
+        *same = !memcmp(x, y, a.numel * sizeof *x);
+    free(x);
+    free(y);
+    return st;
+}
+
+/* Every tensor of PEFT's file must be, under PEFT's prefix, an adapter of m or a parameter of a module to save (one
+ * m trains beside its adapters); a weight tied to another (tie_word_embeddings) must hold its values, as PEFT's
+ * ensure_weight_tying keeps them (without it PEFT trains the two apart, which a tied model cannot hold). */
+static dt_status peft_keys(const dt_model *m, dt_ckpt *ck, const char *file)
 {
     for (size_t i = 0, n = dt_ckpt_num_tensors(ck); i < n; i++) {
         dt_ckpt_tensor t;
@@ -637,16 +658,41 @@ static dt_status peft_keys(const dt_model *m, const dt_ckpt *ck, const char *fil
         if (st < 0)
             return st;
         const size_t pl = sizeof PEFT_PREFIX - 1;
-        bool mag;
-        if (strncmp(t.name, PEFT_PREFIX, pl) || !dt__lora_peft_key(t.name, &mag))
-            return dt_error(DT_ERR_FORMAT, "%s: key '%s' is not a LoRA adapter as PEFT saves them ("
-                            PEFT_PREFIX "<layer>.lora_A.weight / .lora_B.weight / .lora_magnitude_vector; only LoRA "
-                            "and DoRA without bias or modules_to_save load)", file, t.name);
+        bool mag = false;
+        const bool ad = !strncmp(t.name, PEFT_PREFIX, pl) && dt__lora_peft_key(t.name, &mag);
         char pn[1100]; /* the model's parameter: a magnitude's key + ".weight" */
-        snprintf(pn, sizeof pn, "%s%s", t.name + pl, mag ? ".weight" : "");
-        if (dt_model_find_entry(m, pn) < 0)
+        snprintf(pn, sizeof pn, "%s%s", t.name + (strncmp(t.name, PEFT_PREFIX, pl) ? 0 : pl), mag ? ".weight" : "");
+        const int64_t k = dt_model_find_entry(m, pn);
+        dt_param_info e = {0};
+        if (k >= 0)
+            dt_model_entry(m, (size_t)k, &e);
+        if (strncmp(t.name, PEFT_PREFIX, pl) || (!ad && k < 0))
+            return dt_error(DT_ERR_FORMAT, "%s: key '%s' is not a LoRA adapter as PEFT saves them ("
+                            PEFT_PREFIX "<layer>.lora_A.weight / .lora_B.weight / .lora_magnitude_vector) nor a "
+                            "parameter of this model (a module to save)", file, t.name);
+        if (k < 0)
             return dt_error(DT_ERR_NOT_FOUND, "%s: key '%s': the model has no adapter '%s' (its layer is not a "
                             "target here, or not in this model%s)", file, t.name, pn, mag ? ", or it has no DoRA" : "");
+        if (!ad && e.is_buffer)
+            return dt_error(DT_ERR_MISMATCH, "%s: key '%s' is the model's '%s', which this run does not train (not in "
+                            "modules_to_save)", file, t.name, pn);
+        if (!ad && e.tied_to >= 0) {
+            dt_param_info src;
+            char sk[1200];
+            dt_model_entry(m, (size_t)e.tied_to, &src);
+            snprintf(sk, sizeof sk, PEFT_PREFIX "%s", src.name);
+            const int64_t j = dt_ckpt_find(ck, sk);
+            bool same = false;
+            if (j < 0)
+                return dt_error(DT_ERR_NOT_FOUND, "%s: key '%s' without '%s', the weight it is tied to", file, t.name,
+                                sk);
+            if ((st = same_values(ck, i, (size_t)j, &same)) < 0)
+                return st;
+            if (!same)
+                return dt_error(DT_ERR_MISMATCH, "%s: '%s' and '%s' differ, but this model ties them "
+                                "(tie_word_embeddings): PEFT trained them apart (ensure_weight_tying false), dtrain "
+                                "trains a tied weight as one", file, t.name, sk);
+        }
     }
     return DT_OK;
 }

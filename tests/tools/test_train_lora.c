@@ -12,13 +12,16 @@
  *    optimizer states;
  *  - hf:DIR with --resume auto and nothing to resume starts from DIR's weights;
  *  - DoRA (--lora-dora) through the same paths, under ZeRO-3, and its refusals;
- *  - LoRA, DoRA and --freeze under --precision bf16. */
+ *  - LoRA, DoRA and --freeze under --precision bf16;
+ *  - --lora-modules-to-save (PEFT's modules_to_save), a tied head included, and its refusals. */
 // dt-test-timeout: 600
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
 #include "test.h"
 #include "train_cli.h"
+#include "tmp_util.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <sys/stat.h>
 
@@ -467,7 +470,7 @@ TEST(dora_cli)
     char *alone[] = {GPT, "--lora-dora", "--no-eval", "--max-steps", "1", NULL};
     cli_runv(&r, 60, NULL, alone);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "--lora-dora go with --lora-targets");
+    ASSERT_STR_CONTAINS(r.err, "--lora-dora and --lora-modules-to-save go with --lora-targets");
     char *tp[] = {GPT, LORA_FLAGS, "--lora-dora", "--no-eval", "--max-steps", "1", "--tp", "2", NULL};
     cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp});
     ASSERT_EQ_INT(r.code, 2);
@@ -510,6 +513,147 @@ TEST(frozen_bf16)
     }
 }
 
+/* A file of PEFT's tensors at f: names[i] of shape [rows[i], cols[i]], all values v[i]. */
+static void write_st(const char *f, int n, const char *const *names, const int64_t *rows, const int64_t *cols,
+                     const float *v)
+{
+    dt_st_desc d[8];
+    for (int i = 0; i < n; i++)
+        d[i] = (dt_st_desc){.name = names[i], .dtype = DT_ST_F32, .ndim = 2, .shape = {rows[i], cols[i]}};
+    dt_st_writer *w = NULL;
+    ASSERT_OK(dt_st_writer_open(f, d, (size_t)n, NULL, 0, &w));
+    for (int i = 0; w && i < n; i++) {
+        float *x = malloc((size_t)(rows[i] * cols[i]) * sizeof *x);
+        for (int64_t k = 0; x && k < rows[i] * cols[i]; k++)
+            x[k] = v[i];
+        ASSERT_OK(dt_st_writer_write(w, (size_t)i, x, (size_t)(rows[i] * cols[i]) * sizeof *x));
+        free(x);
+    }
+    ASSERT_OK(dt_st_writer_commit(w, NULL));
+    dt_st_writer_close(w);
+}
+
+/* --lora-modules-to-save (PEFT's modules_to_save): the modules train whole beside the adapters; GPT-2's head,
+ * tied to its embedding, trains as one weight and --save-lora writes it under both names with ensure_weight_tying;
+ * the checkpoint keeps the setting (eval --ckpt: the run's evaluation; the merged export: the same loss; --resume
+ * with other flags refused naming it); --lora-from reads it (PEFT's Llama golden); refused (exit 2): a name that
+ * ends no module's, a module both target and saved, --tp, and a PEFT file whose tied weights differ. */
+TEST(modules_to_save_cli)
+{
+    const char *ck = cli_path("mck"), *merged = cli_path("mmerged"), *metrics = cli_path("mm.jsonl");
+    const char *ad = cli_path("mad");
+    char *run[] = {GPT, "--lora-targets", "c_attn", "--lora-modules-to-save", "lm_head", "--val-data", val_,
+                   "--max-steps", "6", "--eval-every", "6", "--metrics", (char *)metrics, "--save", (char *)ck,
+                   "--save-hf", (char *)merged, "--save-lora", (char *)ad, NULL};
+    cli_result r;
+    cli_runv(&r, 300, NULL, run);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    const double trained = last_eval_loss(metrics);
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
+    dt_ckpt *c = NULL;
+    ASSERT_OK(dt_ckpt_open(f, &c));
+    const int64_t h = dt_ckpt_find(c, "base_model.model.lm_head.weight");
+    const int64_t e = dt_ckpt_find(c, "base_model.model.transformer.wte.weight");
+    ASSERT(h >= 0 && e >= 0);
+    if (h >= 0 && e >= 0) {
+        float *a = malloc(512 * 64 * 4), *b = malloc(512 * 64 * 4);
+        ASSERT_OK(dt_ckpt_read(c, (size_t)h, 0, 512 * 64, a, true));
+        ASSERT_OK(dt_ckpt_read(c, (size_t)e, 0, 512 * 64, b, true));
+        ASSERT(!memcmp(a, b, 512 * 64 * 4)); /* one weight */
+        free(a);
+        free(b);
+    }
+    dt_ckpt_close(c);
+    snprintf(f, sizeof f, "%s/adapter_config.json", ad);
+    char *cfg = t_slurp(f, NULL);
+    cJSON *cj = cfg ? cJSON_Parse(cfg) : NULL;
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(cj, "modules_to_save");
+    ASSERT(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cj, "ensure_weight_tying")));
+    ASSERT(cJSON_GetArraySize(ms) == 1 && !strcmp(cJSON_GetArrayItem(ms, 0)->valuestring, "lm_head"));
+    cJSON_Delete(cj);
+    free(cfg);
+    char *ev[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", NULL};
+    cli_runv(&r, 120, NULL, ev);
+    ASSERT_EQ_INT(r.code, 0);
+    const double l1 = json_loss(r.out);
+    char hf[400];
+    snprintf(hf, sizeof hf, "hf:%s", merged);
+    char *ev3[] = {"eval", "--model", hf, "--data", val_, "--batch", "4", "--seq", "32", "--json", "--threads", "1",
+                   NULL};
+    cli_runv(&r, 120, NULL, ev3);
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  modules to save: run's final eval %.6f, eval --ckpt %.8f, merged export %.8f\n", trained, l1,
+            json_loss(r.out));
+    ASSERT(fabs(l1 - trained) <= 1e-6 && fabs(json_loss(r.out) - l1) <= 1e-5 * l1);
+    char *bad[] = {GPT, "--no-eval", "--max-steps", "10", "--save", (char *)ck, "--resume", "auto", "--lora-targets",
+                   "c_attn", NULL};
+    cli_runv(&r, 120, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "was trained with --lora-targets c_attn --lora-r 8 --lora-alpha 8 --lora-dropout 0 "
+                               "--lora-modules-to-save lm_head");
+
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    const char *ad2 = cli_path("save_llama");
+    char *from[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "save_init", "--data", tok, "--seq", "16",
+                    "--batch", "2", "--max-steps", "2", "--no-eval", "--threads", "1", "--optimizer", "adamw",
+                    "--save-lora", (char *)ad2, NULL};
+    cli_runv(&r, 300, NULL, from);
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad2);
+    ASSERT_OK(dt_ckpt_open(f, &c));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), 9);
+    ASSERT(dt_ckpt_find(c, "base_model.model.lm_head.weight") >= 0);
+    dt_ckpt_close(c);
+
+    struct {
+        const char *flag, *want;
+    } no[] = {{"no_such_module", "no module's name ends in 'no_such_module'"},
+              {"c_attn", "is both a target layer and a module to save"}};
+    for (int k = 0; k < 2; k++) {
+        char *b2[] = {GPT, "--lora-targets", "c_attn", "--lora-modules-to-save", (char *)no[k].flag, "--no-eval",
+                      "--max-steps", "1", NULL};
+        cli_runv(&r, 60, NULL, b2);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, no[k].want);
+    }
+    char *tp[] = {GPT, "--lora-targets", "c_attn", "--lora-modules-to-save", "ln_f", "--no-eval", "--max-steps", "1",
+                  "--tp", "2", NULL};
+    cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp});
+    ASSERT_EQ_INT(r.code, 0); /* ln_f: replicated, whole on every rank */
+    char *tp2[] = {GPT, "--lora-targets", "c_attn", "--lora-modules-to-save", "lm_head", "--no-eval", "--max-steps",
+                   "1", "--tp", "2", NULL};
+    cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp2});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "tensor-parallel slice");
+
+    /* Qwen3 (tied head): PEFT trained lm_head apart from the embedding */
+    const char *bd = cli_path("apart");
+    mkdir(bd, 0755);
+    snprintf(f, sizeof f, "%s/adapter_config.json", bd);
+    const char *js = "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+                     "\"modules_to_save\": [\"lm_head\"]}";
+    ASSERT_OK(dt_file_write_atomic(f, js, strlen(js), 0644));
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", bd);
+    const char *names[] = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                           "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+                           "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight",
+                           "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight",
+                           "base_model.model.lm_head.weight", "base_model.model.model.embed_tokens.weight"};
+    const int64_t rows[] = {4, 64, 4, 64, 128, 128}, cols[] = {32, 4, 32, 4, 32, 32};
+    const float vals[] = {0.01f, 0, 0.01f, 0, 0.5f, 0.25f};
+    write_st(f, 6, names, rows, cols, vals);
+    char *apart[] = {"train", "--model", "hf:" DT_SOURCE_DIR "/tests/data/hf/qwen3", "--lora-from", (char *)bd,
+                     "--data", tok, "--seq", "16", "--batch", "2", "--max-steps", "1", "--no-eval", "--threads", "1",
+                     NULL};
+    cli_runv(&r, 120, NULL, apart);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "differ, but this model ties them");
+}
+
 int main(void)
 {
     make_tokens();
@@ -517,6 +661,7 @@ int main(void)
     RUN(lora_from);
     RUN(dora_cli);
     RUN(frozen_bf16);
+    RUN(modules_to_save_cli);
     RUN(save_lora_zero3);
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
