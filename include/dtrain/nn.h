@@ -487,9 +487,10 @@ typedef struct dt_lora_params {
     bool rslora;                 /* scaling alpha / sqrt(r) (default false) */
     bool dora;                   /* DoRA: weight-decomposed adapters (default false) */
     const char *const *modules_to_save; /* NULL-terminated module names (PEFT's modules_to_save): a
-                                    module whose path ends in one of them ("lm_head",
-                                    "model.embed_tokens") trains whole, with every module inside
-                                    it, beside the adapters (its parameters are not frozen); a
+                                    module whose path is one of them or ends in "." + one
+                                    ("lm_head", "model.embed_tokens") trains whole, with every
+                                    module inside it, beside the adapters (its parameters are not
+                                    frozen; no adapters go inside it, as in PEFT); a
                                     weight tied to another (tie_word_embeddings) trains as one
                                     when either module is named (PEFT's ensure_weight_tying). A
                                     name matching no module is refused. Borrowed during the

@@ -247,15 +247,12 @@ bool dt__lora_param(const dt_module *m)
            (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB") || !strcmp(m->type, "LoraMagnitude"));
 }
 
-/* PEFT's modules_to_save match: the module's name ends in one of them (a plain suffix, as PEFT tests it) */
+/* PEFT's modules_to_save match: the module's name is one of them or ends in "." + one */
 static bool saved_name(const char *path, const char *const *names)
 {
-    const size_t pl = strlen(path);
-    for (const char *const *n = names; n && *n; n++) {
-        const size_t nl = strlen(*n);
-        if (nl && pl >= nl && !strcmp(path + pl - nl, *n))
+    for (const char *const *n = names; n && *n; n++)
+        if (**n && is_target(path, (const char *const[]){*n, NULL}))
             return true;
-    }
     return false;
 }
 
@@ -379,7 +376,7 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     return dt_module_set_forward(m, lora_forward, NULL);
 }
 
-/* Whether a module under m (path its path) has a path ending in name */
+/* Whether a module under m (path its path) is named by name (saved_name) */
 static bool has_saved(const dt_module *m, const char *path, const char *name)
 {
     const char *one[] = {name, NULL};
@@ -405,11 +402,9 @@ static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, i
             return dt_error(DT_ERR_NO_MEMORY, "LoRA: out of memory");
         snprintf(cp, l, "%s%s%s", path, path[0] ? "." : "", c->name);
         dt_status st = DT_OK;
-        const bool keep = saved_name(cp, p->modules_to_save);
-        if (all ? adaptable(c) && !is_output(cp) : is_target(cp, p->targets)) {
-            st = keep ? dt_error(DT_ERR_INVALID_ARG, "LoRA: '%s' is both a target layer and a module to save "
-                                 "(modules_to_save): one or the other", cp)
-                      : adapt(c, cp, p);
+        if (saved_name(cp, p->modules_to_save)) { /* a module to save trains whole: no adapters in it (PEFT's) */
+        } else if (all ? adaptable(c) && !is_output(cp) : is_target(cp, p->targets)) {
+            st = adapt(c, cp, p);
             (*n)++;
         } else {
             st = walk(c, cp, p, n);

@@ -15,7 +15,8 @@ void dt__hooks_free(dt__hooks *l);
  * whether m is an adapter module (its parameters train under LoRA). */
 dt_status dt__lora_apply(dt_module *root, const dt_lora_params *p);
 bool dt__lora_param(const dt_module *m);
-/* Whether m or a module it is inside has a path ending in one of names (PEFT's modules_to_save; paths set). */
+/* Whether m or a module it is inside is named by one of names (PEFT's modules_to_save: the path is one, or ends in
+ * "." + one; paths set). */
 bool dt__lora_saved(const dt_module *m, const char *const *names);
 
 /* m's own forward (its replaced forward or its kind's), without hooks or
