@@ -103,6 +103,11 @@ static void cleanup(dt__train_run *t)
     free(t->peft_save);
     free(t->save_buf);
     free(t->save_modules);
+    free(t->peft_layers);
+    free(t->peft_pattern);
+    free(t->layers);
+    free(t->pattern_buf);
+    free(t->patterns);
     dt__tuning_free(&t->ck_tuning);
     free(t->ck_path);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */

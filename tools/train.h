@@ -86,6 +86,8 @@ typedef struct dt__train_opts {
     bool lora_rslora;
     bool lora_dora;           /* DoRA (PEFT's use_dora) */
     const char *lora_save_modules; /* PEFT's modules_to_save: comma-separated module names (NULL: none) */
+    const char *lora_layers;  /* PEFT's layers_to_transform: comma-separated indices (NULL: every layer) */
+    const char *lora_layers_pattern; /* PEFT's layers_pattern: comma-separated names (NULL: any) */
     const char *save_lora;    /* directory for the adapters in PEFT's format at the end */
     const char *lora_from;    /* PEFT adapters (adapter_config.json + adapter_model.safetensors) to start from */
     /* ZeRO / FSDP (tools/train_ddp.c) */
@@ -316,11 +318,15 @@ typedef struct dt__tuning {
     bool lora_rslora;
     bool lora_dora;       /* DoRA (false in checkpoints saved before it was kept) */
     char *lora_save;      /* modules_to_save, comma-separated; NULL: none */
+    char *lora_layers, *lora_layers_pattern; /* layers_to_transform, layers_pattern, comma-separated; NULL: none */
     char *freeze;         /* --freeze's patterns; NULL: none */
     char *target_buf;     /* dt__tuning_lora's split targets */
     const char **target_list;
     char *save_buf;       /* and modules to save */
     const char **save_list;
+    char *pattern_buf;    /* and layers_pattern */
+    const char **pattern_list;
+    int64_t *layer_list;  /* layers_to_transform */
 } dt__tuning;
 /* The settings of the checkpoint at path (a checkpoint or save directory). */
 dt_status dt__tuning_read(const char *path, dt__tuning *out);
@@ -332,7 +338,13 @@ void dt__tuning_free(dt__tuning *t);
 char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char *freeze);
 /* The settings as the flags that give them, for messages. */
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
-                         const char *save, const char *freeze, char *buf, size_t n);
+                         const char *save, const char *layers, const char *layers_pattern, const char *freeze,
+                         char *buf, size_t n);
+/* A comma-separated list of layer indices ("0,3,5") into *out (malloc'd) and *n: 0, or 2 after saying why (opt
+ * names the option). */
+int dt__parse_layers(const char *opt, const char *list, int64_t **out, size_t *n);
+/* layers[0..n) joined with commas (malloc'd), NULL for none or out of memory. */
+char *dt__join_layers(const int64_t *layers, size_t n);
 /* NULL-terminated names joined with commas (malloc'd; "" for none), NULL when out of memory. */
 char *dt__join_names(const char *const *names);
 /* Whether ck holds these settings. */

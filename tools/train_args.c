@@ -172,6 +172,11 @@ static const opt_def opts[] = {
      "PEFT's modules_to_save: the modules whose names end so (lm_head, embed_tokens) train whole beside the "
      "adapters, --save-lora writes them (and --lora-from reads them) as PEFT does; a tied weight (lm_head and "
      "embed_tokens under tie_word_embeddings) trains as one, as PEFT's ensure_weight_tying; not with --tp"},
+    {"lora-layers-to-transform", OPT_STR, OFF(lora_layers), 0, 0, NULL, "N[,N...]",
+     "PEFT's layers_to_transform: a layer --lora-targets names by its end is adapted only in these layers (its "
+     "index: the first number in its name after a part, model.layers.3.mlp.down_proj: 3)"},
+    {"lora-layers-pattern", OPT_STR, OFF(lora_layers_pattern), 0, 0, NULL, "NAME[,NAME...]",
+     "PEFT's layers_pattern: the layer index is the number after a part of this name (layers, h)"},
     {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
      "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
      "dropout, rsLoRA and DoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
@@ -804,15 +809,19 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->lora_dora ||
-         o->lora_save_modules) && !o->lora_targets) {
-        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora, --lora-dora and "
-                    "--lora-modules-to-save go with --lora-targets NAME[,NAME...]\n");
+         o->lora_save_modules || o->lora_layers || o->lora_layers_pattern) && !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora, --lora-dora, "
+                    "--lora-modules-to-save, --lora-layers-to-transform and --lora-layers-pattern go with "
+                    "--lora-targets NAME[,NAME...]\n");
+        return 2;
+    }
+    if (o->lora_layers_pattern && !o->lora_layers) {
+        dt__cli_err("dtrain train: --lora-layers-pattern goes with --lora-layers-to-transform N[,N...]\n");
         return 2;
     }
     if (o->lora_from && o->lora_targets) {
         dt__cli_err("dtrain train: --lora-from DIR takes the LoRA settings from DIR/adapter_config.json: not with "
-                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout, --lora-rslora, --lora-dora or "
-                    "--lora-modules-to-save\n");
+                    "--lora-targets or the other --lora-* options\n");
         return 2;
     }
     if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {

@@ -2,11 +2,13 @@
  * options, keys "lora" and "freeze"), so that `dtrain eval --ckpt`,
  * `dtrain generate --ckpt`, `dtrain ckpt convert --hf` and a resumed
  * `dtrain train` rebuild the model the checkpoint was trained as. */
+#include "cmd.h"
 #include "train.h"
 
 #include "dtrain/train.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,11 @@ void dt__tuning_free(dt__tuning *t)
     free(t->lora_save);
     free(t->save_buf);
     free(t->save_list);
+    free(t->lora_layers);
+    free(t->lora_layers_pattern);
+    free(t->pattern_buf);
+    free(t->pattern_list);
+    free(t->layer_list);
     memset(t, 0, sizeof *t);
 }
 
@@ -60,6 +67,10 @@ dt_status dt__tuning_read(const char *path, dt__tuning *out)
             out->lora_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "rslora"));
             out->lora_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "dora"));
             st = dup_str(cJSON_GetObjectItemCaseSensitive(l, "modules_to_save"), &out->lora_save);
+            if (st >= 0)
+                st = dup_str(cJSON_GetObjectItemCaseSensitive(l, "layers_to_transform"), &out->lora_layers);
+            if (st >= 0)
+                st = dup_str(cJSON_GetObjectItemCaseSensitive(l, "layers_pattern"), &out->lora_layers_pattern);
         }
     }
     if (st >= 0)
@@ -97,8 +108,17 @@ dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
     if (!t->lora_targets)
         return DT_OK;
     if (split(t->lora_targets, &t->target_buf, &t->target_list) < 0 ||
-        (t->lora_save && split(t->lora_save, &t->save_buf, &t->save_list) < 0))
+        (t->lora_save && split(t->lora_save, &t->save_buf, &t->save_list) < 0) ||
+        (t->lora_layers_pattern && split(t->lora_layers_pattern, &t->pattern_buf, &t->pattern_list) < 0))
         return DT_ERR_NO_MEMORY;
+    free(t->layer_list);
+    t->layer_list = NULL;
+    if (t->lora_layers && dt__parse_layers("the checkpoint's layers_to_transform", t->lora_layers, &t->layer_list,
+                                           &p->nlayers))
+        return dt_error(DT_ERR_FORMAT, "the checkpoint's LoRA layers_to_transform \"%s\" is not a list of layer "
+                        "indices", t->lora_layers);
+    p->layers = t->layer_list;
+    p->layers_pattern = t->lora_layers_pattern ? t->pattern_list : NULL;
     p->targets = t->target_list;
     p->modules_to_save = t->lora_save ? t->save_list : NULL;
     p->r = t->lora_r;
@@ -107,6 +127,41 @@ dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
     p->rslora = t->lora_rslora;
     p->dora = t->lora_dora;
     return DT_OK;
+}
+
+int dt__parse_layers(const char *opt, const char *list, int64_t **out, size_t *n)
+{
+    size_t k = 1;
+    for (const char *c = list; *c; c++)
+        k += *c == ',';
+    *n = 0;
+    if (!(*out = calloc(k, sizeof **out))) {
+        dt__cli_err("dtrain: %s: out of memory\n", opt);
+        return 2;
+    }
+    for (const char *s = list;; s++) {
+        char *e;
+        errno = 0;
+        const long long v = strtoll(s, &e, 10);
+        if (e == s || errno || v < 0 || v > 1000000000LL || (*e && *e != ',') || *s == '+' || *s == '-' || *s == ' ') {
+            dt__cli_err("dtrain: %s %s: not a comma-separated list of layer indices (0, 1, ...)\n", opt, list);
+            free(*out);
+            *out = NULL;
+            return 2;
+        }
+        (*out)[(*n)++] = v;
+        if (!*e)
+            return 0;
+        s = e;
+    }
+}
+
+char *dt__join_layers(const int64_t *layers, size_t n)
+{
+    char *j = n ? calloc(n, 24) : NULL;
+    for (size_t i = 0; j && i < n; i++)
+        snprintf(j + strlen(j), n * 24 - strlen(j), "%s%lld", i ? "," : "", (long long)layers[i]);
+    return j;
 }
 
 char *dt__join_names(const char *const *names)
@@ -134,11 +189,17 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
         cJSON_AddBoolToObject(l, "rslora", lp->rslora);
         cJSON_AddBoolToObject(l, "dora", lp->dora);
         char *save = lp->modules_to_save && lp->modules_to_save[0] ? dt__join_names(lp->modules_to_save) : NULL;
-        if (save)
-            cJSON_AddStringToObject(l, "modules_to_save", save);
-        else
-            cJSON_AddNullToObject(l, "modules_to_save");
+        char *lay = dt__join_layers(lp->layers, lp->nlayers);
+        char *pat = lp->layers_pattern && lp->layers_pattern[0] ? dt__join_names(lp->layers_pattern) : NULL;
+        const char *keys[] = {"modules_to_save", "layers_to_transform", "layers_pattern"}, *vals[] = {save, lay, pat};
+        for (int k = 0; k < 3; k++)
+            if (vals[k])
+                cJSON_AddStringToObject(l, keys[k], vals[k]);
+            else
+                cJSON_AddNullToObject(l, keys[k]);
         free(save);
+        free(lay);
+        free(pat);
     } else {
         cJSON_AddNullToObject(o, "lora");
     }
@@ -152,13 +213,17 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
 }
 
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
-                         const char *save, const char *freeze, char *buf, size_t n)
+                         const char *save, const char *layers, const char *layers_pattern, const char *freeze,
+                         char *buf, size_t n)
 {
     size_t k = 0;
     if (targets)
-        k = (size_t)snprintf(buf, n, "--lora-targets %s --lora-r %lld --lora-alpha %g --lora-dropout %g%s%s%s%s",
+        k = (size_t)snprintf(buf, n,
+                             "--lora-targets %s --lora-r %lld --lora-alpha %g --lora-dropout %g%s%s%s%s%s%s%s%s",
                              targets, (long long)r, alpha, dropout, rslora ? " --lora-rslora" : "",
-                             dora ? " --lora-dora" : "", save ? " --lora-modules-to-save " : "", save ? save : "");
+                             dora ? " --lora-dora" : "", save ? " --lora-modules-to-save " : "", save ? save : "",
+                             layers ? " --lora-layers-to-transform " : "", layers ? layers : "",
+                             layers_pattern ? " --lora-layers-pattern " : "", layers_pattern ? layers_pattern : "");
     else
         k = (size_t)snprintf(buf, n, "no LoRA");
     if (k < n)
@@ -174,6 +239,15 @@ static bool same_names(const char *a, const char *const *names)
     return same;
 }
 
+/* Whether comma-separated list a (NULL: none) holds p's layers_to_transform */
+static bool same_layers(const char *a, const dt_lora_params *p)
+{
+    char *j = dt__join_layers(p->layers, p->nlayers);
+    const bool same = !a == !j && (!a || !strcmp(a, j));
+    free(j);
+    return same;
+}
+
 bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_params *lp, const char *freeze)
 {
     if (!ck->lora_targets != !targets || !ck->freeze != !freeze || (freeze && strcmp(ck->freeze, freeze)))
@@ -182,5 +256,6 @@ bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_pa
         return true;
     return !strcmp(ck->lora_targets, targets) && ck->lora_r == lp->r && (float)ck->lora_alpha == lp->alpha &&
            (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora && ck->lora_dora == lp->dora &&
-           same_names(ck->lora_save, lp->modules_to_save);
+           same_names(ck->lora_save, lp->modules_to_save) && same_names(ck->lora_layers_pattern, lp->layers_pattern) &&
+           same_layers(ck->lora_layers, lp);
 }

@@ -49,6 +49,10 @@ typedef struct {
     char *peft_save;              /* its modules_to_save joined so (o.lora_save_modules), or NULL */
     char *save_buf;               /* --lora-modules-to-save split at its commas */
     const char **save_modules;    /* NULL-terminated (t->lora.modules_to_save) */
+    char *peft_layers, *peft_pattern; /* its layers_to_transform and layers_pattern so (NULL: none) */
+    int64_t *layers;              /* --lora-layers-to-transform (t->lora.layers) */
+    char *pattern_buf;            /* --lora-layers-pattern split at its commas */
+    const char **patterns;        /* NULL-terminated (t->lora.layers_pattern) */
     dt__tuning ck_tuning;         /* the LoRA/--freeze settings of the checkpoint resumed or evaluated */
     char *ck_path;                /* that checkpoint (NULL: none) */
     const char *vocab_from;       /* where the GPT vocabulary size came from (messages) */

@@ -110,10 +110,14 @@ int dt__tr_lora_from(dt__train_run *t)
         dt__cli_err("dtrain train: note: --lora-from %s: %zu adapter tensors of an image-text model's vision tower "
                     "or projector left out (the language model's load)\n", t->o.lora_from, t->peft.left_out);
     if (!(t->peft_targets = dt__join_names((const char *const *)t->peft.target_names)) ||
-        (t->peft.save_names && !(t->peft_save = dt__join_names((const char *const *)t->peft.save_names))))
+        (t->peft.save_names && !(t->peft_save = dt__join_names((const char *const *)t->peft.save_names))) ||
+        (t->peft.layer_patterns && !(t->peft_pattern = dt__join_names((const char *const *)t->peft.layer_patterns))) ||
+        (t->peft.layers && !(t->peft_layers = dt__join_layers(t->peft.layers, t->peft.params.nlayers))))
         return dt__tr_fail(1, "--lora-from");
     t->o.lora_targets = t->peft_targets;
     t->o.lora_save_modules = t->peft_save;
+    t->o.lora_layers = t->peft_layers;
+    t->o.lora_layers_pattern = t->peft_pattern;
     t->o.lora_r = t->peft.params.r;
     t->o.lora_alpha = t->peft.params.alpha;
     t->o.lora_dropout = t->peft.params.dropout;
@@ -158,6 +162,8 @@ static int ckpt_tuning(dt__train_run *t, const char *eval_ckpt)
         t->o.lora_rslora = t->ck_tuning.lora_rslora;
         t->o.lora_dora = t->ck_tuning.lora_dora;
         t->o.lora_save_modules = t->ck_tuning.lora_save;
+        t->o.lora_layers = t->ck_tuning.lora_layers;
+        t->o.lora_layers_pattern = t->ck_tuning.lora_layers_pattern;
     }
     return 0;
 }
@@ -170,9 +176,10 @@ static int check_tuning(dt__train_run *t, const char *eval_ckpt)
         return 0;
     char ck[1500], here[1500];
     dt__tuning_describe(c->lora_targets, c->lora_r, c->lora_alpha, c->lora_dropout, c->lora_rslora, c->lora_dora,
-                        c->lora_save, c->freeze, ck, sizeof ck);
+                        c->lora_save, c->lora_layers, c->lora_layers_pattern, c->freeze, ck, sizeof ck);
     dt__tuning_describe(t->o.lora_targets, t->lora.r, t->lora.alpha, t->lora.dropout, t->lora.rslora, t->lora.dora,
-                        t->o.lora_save_modules, t->o.freeze, here, sizeof here);
+                        t->o.lora_save_modules, t->o.lora_layers, t->o.lora_layers_pattern, t->o.freeze, here,
+                        sizeof here);
     dt__cli_err("dtrain train: %s %s was trained with %s; this command has %s: give the checkpoint's settings, or "
                 "none (they are then taken from it)\n", eval_ckpt ? "--ckpt" : "--resume", t->ck_path, ck, here);
     return 2;
@@ -211,6 +218,15 @@ int dt__tr_freeze_patterns(dt__train_run *t, const char *eval_ckpt)
         if ((rc = split_list("--lora-modules-to-save", t->o.lora_save_modules, &t->save_buf, &t->save_modules)))
             return rc;
         t->lora.modules_to_save = t->save_modules;
+    }
+    if (t->o.lora_layers &&
+        (rc = dt__parse_layers("--lora-layers-to-transform", t->o.lora_layers, &t->layers, &t->lora.nlayers)))
+        return rc;
+    t->lora.layers = t->layers;
+    if (t->o.lora_layers_pattern) {
+        if ((rc = split_list("--lora-layers-pattern", t->o.lora_layers_pattern, &t->pattern_buf, &t->patterns)))
+            return rc;
+        t->lora.layers_pattern = t->patterns;
     }
     return check_tuning(t, eval_ckpt);
 }

@@ -459,6 +459,7 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * target_modules (for "all-linear"
  * the layers it chose, as PEFT saves them), use_rslora, use_dora,
  * modules_to_save, ensure_weight_tying (true when a tied weight is saved),
+ * layers_to_transform, layers_pattern,
  * fan_in_fan_out true for Conv1D targets (and tensor-parallel layers
  * whose weight is [in, out]: dt_lora_hook.weight_in_out), base_model_name_or_path =
  * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
@@ -490,6 +491,8 @@ typedef struct dt_lora_peft_config {
     dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora, use_dora; targets = target_names */
     char **target_names;    /* target_modules, NULL-terminated (owned: dt_lora_peft_config_free) */
     char **save_names;      /* modules_to_save, NULL-terminated, or NULL (owned; params.modules_to_save) */
+    int64_t *layers;        /* layers_to_transform (owned; params.layers, params.nlayers), or NULL */
+    char **layer_patterns;  /* layers_pattern, NULL-terminated, or NULL (owned; params.layers_pattern) */
     char base_model[1024];  /* base_model_name_or_path, "" when null */
     size_t left_out;        /* adapter tensors of an image-text model's vision tower or projector in the file,
                                which dt_trainer_load_peft leaves out (0 for a text model's adapters) */
@@ -509,8 +512,9 @@ typedef struct dt_lora_peft_config {
  * Errors name the file and the key: DT_ERR_NOT_FOUND without the file,
  * DT_ERR_FORMAT for a malformed value, DT_ERR_UNSUPPORTED for what dtrain's
  * adapters do not express (peft_type other than LORA, bias other than
- * "none", lora_bias, modules_to_save, layers_to_transform, rank/alpha
- * patterns, exclude_modules): refused, never dropped. use_dora true reads
+ * "none", lora_bias, rank/alpha patterns, exclude_modules): refused, never dropped. layers_to_transform
+ * and layers_pattern read as params.layers / nlayers / layers_pattern
+ * (out->layers, out->layer_patterns). use_dora true reads
  * as params.dora (DoRA), modules_to_save as params.modules_to_save
  * (out->save_names); dt_trainer_load_peft then loads those modules' weights
  * too.

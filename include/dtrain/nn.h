@@ -495,6 +495,15 @@ typedef struct dt_lora_params {
                                     when either module is named (PEFT's ensure_weight_tying). A
                                     name matching no module is refused. Borrowed during the
                                     build; default NULL (none) */
+    const int64_t *layers;       /* PEFT's layers_to_transform: with nlayers > 0, a layer a target
+                                    name matches by its end (not one named whole) is adapted only
+                                    when its layer index is one of layers[0..nlayers): the first
+                                    all-digit part of its path after a part named by one of
+                                    layers_pattern ("layers", "h"; NULL: after any part but the
+                                    first), not its last part ("model.layers.3.mlp.down_proj": 3);
+                                    borrowed during the build; default NULL */
+    size_t nlayers;
+    const char *const *layers_pattern; /* PEFT's layers_pattern (NULL-terminated), or NULL */
 } dt_lora_params;
 DT_API dt_lora_params dt_lora_params_default(void);
 /* DoRA's magnitudes' child module (PEFT's name; its parameter "weight"). */

@@ -154,8 +154,19 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         cJSON_AddBoolToObject(c, "fan_in_fan_out", fan_in_fan_out);
         cJSON_AddBoolToObject(c, "inference_mode", true);
         cJSON_AddBoolToObject(c, "init_lora_weights", true);
-        cJSON_AddNullToObject(c, "layers_pattern");
-        cJSON_AddNullToObject(c, "layers_to_transform");
+        cJSON *lpat = cJSON_CreateArray(), *lt = cJSON_CreateArray();
+        for (const char *const *s = p->layers_pattern; s && *s; s++)
+            cJSON_AddItemToArray(lpat, cJSON_CreateString(*s));
+        for (size_t k = 0; p->layers && k < p->nlayers; k++)
+            cJSON_AddItemToArray(lt, cJSON_CreateNumber((double)p->layers[k]));
+        if (cJSON_GetArraySize(lpat) > 0)
+            cJSON_AddItemToObject(c, "layers_pattern", lpat);
+        else
+            cJSON_AddNullToObject(c, "layers_pattern"), cJSON_Delete(lpat);
+        if (cJSON_GetArraySize(lt) > 0)
+            cJSON_AddItemToObject(c, "layers_to_transform", lt);
+        else
+            cJSON_AddNullToObject(c, "layers_to_transform"), cJSON_Delete(lt);
         cJSON_AddNumberToObject(c, "lora_alpha", p->alpha);
         cJSON_AddBoolToObject(c, "lora_bias", false);
         cJSON_AddNumberToObject(c, "lora_dropout", p->dropout);
@@ -412,6 +423,48 @@ static char *text_target(const char *t)
     return s;
 }
 
+/* A string or a list of strings (PEFT's layers_pattern) into *out (NULL-terminated, malloc'd); null: NULL */
+static dt_status string_list(const char *file, const char *key, const cJSON *v, char ***out)
+{
+    const int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    if (v && !cJSON_IsNull(v) && !cJSON_IsString(v) && !cJSON_IsArray(v))
+        return dt_error(DT_ERR_FORMAT, "%s: \"%s\" must be a name, a list of names or null", file, key);
+    if (n == 0)
+        return DT_OK;
+    if (!(*out = calloc((size_t)n + 1, sizeof **out)))
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_IsString(v) ? v : cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsString(e) || !e->valuestring[0])
+            return dt_error(DT_ERR_FORMAT, "%s: \"%s\"[%d] is not a name", file, key, i);
+        if (!((*out)[i] = strdup(e->valuestring)))
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    }
+    return DT_OK;
+}
+
+/* layers_to_transform (an index, a list of them, or null) and layers_pattern into out (params set by the caller) */
+static dt_status read_layers(const char *file, const cJSON *c, dt_lora_peft_config *out)
+{
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layers_to_transform");
+    const int n = cJSON_IsNumber(lt) ? 1 : cJSON_IsArray(lt) ? cJSON_GetArraySize(lt) : 0;
+    if (lt && !cJSON_IsNull(lt) && !cJSON_IsNumber(lt) && !cJSON_IsArray(lt))
+        return dt_error(DT_ERR_FORMAT, "%s: \"layers_to_transform\" must be a layer index, a list of them or null",
+                        file);
+    if (n > 0 && !(out->layers = calloc((size_t)n, sizeof *out->layers)))
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_IsNumber(lt) ? lt : cJSON_GetArrayItem(lt, i);
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e9 ||
+            e->valuedouble != (double)(int64_t)e->valuedouble)
+            return dt_error(DT_ERR_FORMAT, "%s: \"layers_to_transform\"[%d] is not a layer index", file, i);
+        out->layers[i] = (int64_t)e->valuedouble;
+    }
+    out->params.nlayers = (size_t)n;
+    return string_list(file, "layers_pattern", cJSON_GetObjectItemCaseSensitive(c, "layers_pattern"),
+                       &out->layer_patterns);
+}
+
 void dt_lora_peft_config_free(dt_lora_peft_config *c)
 {
     if (!c)
@@ -420,10 +473,17 @@ void dt_lora_peft_config_free(dt_lora_peft_config *c)
         free(*t);
     for (char **t = c->save_names; t && *t; t++)
         free(*t);
+    for (char **t = c->layer_patterns; t && *t; t++)
+        free(*t);
     free(c->target_names);
     free(c->save_names);
-    c->target_names = c->save_names = NULL;
-    c->params.targets = c->params.modules_to_save = NULL;
+    free(c->layer_patterns);
+    free(c->layers);
+    c->target_names = c->save_names = c->layer_patterns = NULL;
+    c->layers = NULL;
+    c->params.targets = c->params.modules_to_save = c->params.layers_pattern = NULL;
+    c->params.layers = NULL;
+    c->params.nlayers = 0;
 }
 
 dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
@@ -456,8 +516,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(c, "target_modules");
     const cJSON *bm = cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path");
     /* what dtrain's adapters do not express: refused by name, never dropped */
-    static const char *const must_default[] = {"lora_bias", "layers_to_transform",
-                                               "layers_pattern", "rank_pattern", "alpha_pattern", "exclude_modules",
+    static const char *const must_default[] = {"lora_bias", "rank_pattern", "alpha_pattern", "exclude_modules",
                                                "bias", "trainable_token_indices", "use_qalora", "megatron_config",
                                                "target_parameters", "layer_replication", "use_bdlora"};
     if (!cJSON_IsString(pt))
@@ -468,7 +527,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     for (size_t i = 0; st >= 0 && i < sizeof must_default / sizeof must_default[0]; i++)
         if (!at_default(cJSON_GetObjectItemCaseSensitive(c, must_default[i])))
             st = bad_key(file, must_default[i], "is set: dtrain's LoRA has plain or DoRA adapters on every target "
-                         "layer (no adapter biases, per-layer ranks or layer selection)");
+                         "layer it selects (no adapter biases, per-layer ranks or excluded modules)");
     if (st >= 0 && (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 65536 ||
                     r->valuedouble != (double)(int64_t)r->valuedouble))
         st = dt_error(DT_ERR_FORMAT, "%s: \"r\" must be an integer in 1..65536", file);
@@ -480,6 +539,8 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", file);
     if (st >= 0 && ud && !cJSON_IsBool(ud) && !cJSON_IsNull(ud))
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_dora\" must be true or false", file);
+    if (st >= 0)
+        st = read_layers(file, c, out);
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(c, "modules_to_save");
     if (st >= 0 && ms && !cJSON_IsNull(ms) && !cJSON_IsArray(ms))
         st = dt_error(DT_ERR_FORMAT, "%s: \"modules_to_save\" must be a list of module names or null", file);
@@ -521,6 +582,8 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         out->params.rslora = cJSON_IsTrue(rs);
         out->params.dora = cJSON_IsTrue(ud);
         out->params.modules_to_save = (const char *const *)out->save_names;
+        out->params.layers = out->layers;
+        out->params.layers_pattern = (const char *const *)out->layer_patterns;
         out->params.targets = (const char *const *)out->target_names;
         if (cJSON_IsString(bm))
             snprintf(out->base_model, sizeof out->base_model, "%s", bm->valuestring);

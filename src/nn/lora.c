@@ -37,7 +37,7 @@
 dt_lora_params dt_lora_params_default(void)
 {
     return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false, .dora = false,
-                            .modules_to_save = NULL};
+                            .modules_to_save = NULL, .layers = NULL, .nlayers = 0, .layers_pattern = NULL};
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -225,6 +225,56 @@ static bool is_target(const char *path, const char *const *targets)
     return false;
 }
 
+/* PEFT's layer index of module path (layers_to_transform): the first all-digit part after a part that ends in
+ * pattern (at a '.' or the path's start), or with pattern NULL after any part but the first; never the last part;
+ * -1 when none */
+static int64_t layer_index_of(const char *path, const char *pattern)
+{
+    const size_t pl = pattern ? strlen(pattern) : 0;
+    for (const char *d = strchr(path, '.'); d; d = strchr(d + 1, '.')) { /* d: the '.' before a part */
+        const char *s = d + 1, *e = s;
+        while (*e >= '0' && *e <= '9')
+            e++;
+        if (e == s || *e != '.') /* not all digits, or the last part */
+            continue;
+        const size_t before = (size_t)(d - path); /* the text before the part's '.' */
+        if (pattern ? before >= pl && !strncmp(d - pl, pattern, pl) && (before == pl || d[-(ptrdiff_t)pl - 1] == '.')
+                    : memchr(path, '.', before) != NULL) { /* a part and the part before it */
+            int64_t v = 0;
+            for (const char *c = s; c < e && v < ((int64_t)1 << 40); c++)
+                v = v * 10 + (*c - '0');
+            return v;
+        }
+    }
+    return -1;
+}
+
+/* Whether a layer a target name matched by its end is among p's layers_to_transform (PEFT's: the patterns in
+ * order, the first that gives an index decides) */
+static bool in_layers(const char *path, const dt_lora_params *p)
+{
+    if (!p->layers || p->nlayers == 0)
+        return true;
+    int64_t idx = -1;
+    if (!p->layers_pattern || !p->layers_pattern[0])
+        idx = layer_index_of(path, NULL);
+    for (const char *const *q = p->layers_pattern; q && *q && idx < 0; q++)
+        idx = layer_index_of(path, *q);
+    for (size_t i = 0; idx >= 0 && i < p->nlayers; i++)
+        if (p->layers[i] == idx)
+            return true;
+    return false;
+}
+
+/* Whether path is a target of p: named whole, or by its end within p's layers (PEFT's list matching) */
+static bool targeted(const char *path, const dt_lora_params *p)
+{
+    for (const char *const *t = p->targets; *t; t++)
+        if (!strcmp(path, *t))
+            return true;
+    return is_target(path, p->targets) && in_layers(path, p);
+}
+
 dt_status dt_module_set_lora(dt_module *m, const dt_lora_hook *h)
 {
     if (!m)
@@ -403,7 +453,7 @@ static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, i
         snprintf(cp, l, "%s%s%s", path, path[0] ? "." : "", c->name);
         dt_status st = DT_OK;
         if (saved_name(cp, p->modules_to_save)) { /* a module to save trains whole: no adapters in it (PEFT's) */
-        } else if (all ? adaptable(c) && !is_output(cp) : is_target(cp, p->targets)) {
+        } else if (all ? adaptable(c) && !is_output(cp) && in_layers(cp, p) : targeted(cp, p)) {
             st = adapt(c, cp, p);
             (*n)++;
         } else {
@@ -432,7 +482,8 @@ dt_status dt__lora_apply(dt_module *root, const dt_lora_params *p)
     if (st < 0)
         return st;
     if (n == 0)
-        return dt_error(DT_ERR_NOT_FOUND, "LoRA: no layer matches the targets (%s%s): layer names end in them, "
-                        "as c_attn, c_proj, c_fc in GPT-2", p->targets[0], p->targets[1] ? ", ..." : "");
+        return dt_error(DT_ERR_NOT_FOUND, "LoRA: no layer matches the targets (%s%s)%s: layer names end in them, "
+                        "as c_attn, c_proj, c_fc in GPT-2", p->targets[0], p->targets[1] ? ", ..." : "",
+                        p->nlayers ? " in the layers of layers_to_transform (and layers_pattern)" : "");
     return DT_OK;
 }

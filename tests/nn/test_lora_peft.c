@@ -903,6 +903,65 @@ TEST(dora_dropout_form)
     }
 }
 
+/* layers_to_transform and layers_pattern as PEFT 0.22 reads them (checked against get_peft_model on the golden Llama:
+ * layers [1] with no pattern or "layers" adapt layer 1's targets, with "h" none): the index is the first number
+ * after a part (after a part named by the pattern); a layer named whole is adapted whatever its index; saved and
+ * read back through adapter_config.json. */
+TEST(layers_to_transform)
+{
+    static const struct {
+        const char *model, *targets[3], *pattern[2];
+        int64_t layers[2];
+        size_t nl;
+        int want; /* lora_A tensors, -1: refused */
+        const char *one; /* one of them */
+    } cases[] = {
+        {"llama-tiny", {"q_proj", "down_proj"}, {NULL}, {1}, 1, 2, "model.layers.1.mlp.down_proj.lora_A.weight"},
+        {"llama-tiny", {"q_proj", "down_proj"}, {"layers"}, {0}, 1, 2, "model.layers.0.self_attn.q_proj.lora_A.weight"},
+        {"llama-tiny", {"q_proj"}, {"h"}, {1}, 1, -1, NULL},
+        {"llama-tiny", {"model.layers.0.self_attn.q_proj", "v_proj"}, {NULL}, {1}, 1, 2,
+         "model.layers.0.self_attn.q_proj.lora_A.weight"}, /* named whole: kept; v_proj: layer 1's */
+        {"gpt-micro", {"c_attn"}, {"h"}, {0}, 1, 1, "transformer.h.0.attn.c_attn.lora_A.weight"},
+        {"gpt-micro", {"all-linear"}, {NULL}, {1}, 1, 4, "transformer.h.1.mlp.c_fc.lora_A.weight"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        dt_lora_params lp = dt_lora_params_default();
+        lp.targets = cases[k].targets;
+        lp.layers = cases[k].layers;
+        lp.nlayers = cases[k].nl;
+        lp.layers_pattern = cases[k].pattern[0] ? cases[k].pattern : NULL;
+        dt_model_config c = dt_model_config_default();
+        c.build.lora = &lp;
+        dt_model *m = NULL;
+        dt_status st = dt_model_create(cases[k].model, 1, &c, &m, NULL);
+        if (cases[k].want < 0) {
+            ASSERT_EQ_INT(st, DT_ERR_NOT_FOUND);
+            ASSERT_STR_CONTAINS(dt_last_error(), "layers_to_transform");
+            continue;
+        }
+        ASSERT_OK(st);
+        int n = 0;
+        for (size_t e = 0; m && e < dt_model_num_entries(m); e++) {
+            dt_param_info pi;
+            dt_model_entry(m, e, &pi);
+            n += strstr(pi.name, ".lora_A.weight") != NULL;
+        }
+        fprintf(stderr, "  case %zu: %d adapted layers\n", k, n);
+        ASSERT_EQ_INT(n, cases[k].want);
+        ASSERT(dt_model_find_entry(m, cases[k].one) >= 0);
+        char d[400];
+        snprintf(d, sizeof d, "%s/layers_%zu", t_tmpdir("lora_peft"), k);
+        ASSERT_OK(dt_lora_save_peft(m, &lp, NULL, d));
+        dt_lora_peft_config pc;
+        ASSERT_OK(dt_lora_peft_config_read(d, &pc));
+        ASSERT(pc.params.nlayers == cases[k].nl && pc.params.layers && pc.params.layers[0] == cases[k].layers[0]);
+        const char *const *lpat = pc.params.layers_pattern;
+        ASSERT(!cases[k].pattern[0] ? !lpat : lpat && !strcmp(lpat[0], cases[k].pattern[0]));
+        dt_lora_peft_config_free(&pc);
+        dt_model_free(m);
+    }
+}
+
 TEST(dora)
 {
     peft_case(HF, HF "/model-00001-of-00002.safetensors", HF "/model-00002-of-00002.safetensors", "dora", 24, 8, 1e-4);
@@ -923,6 +982,7 @@ int main(void)
     RUN(dora);
     RUN(dora_dropout_form);
     RUN(modules_to_save);
+    RUN(layers_to_transform);
     RUN(all_linear);
     RUN(merged_export);
     RUN(bad_adapters);

@@ -13,7 +13,8 @@
  *  - hf:DIR with --resume auto and nothing to resume starts from DIR's weights;
  *  - DoRA (--lora-dora) through the same paths, under ZeRO-3, and its refusals;
  *  - LoRA, DoRA and --freeze under --precision bf16;
- *  - --lora-modules-to-save (PEFT's modules_to_save), a tied head included, and its refusals. */
+ *  - --lora-modules-to-save (PEFT's modules_to_save), a tied head included, and its refusals;
+ *  - --lora-layers-to-transform (PEFT's layers_to_transform). */
 // dt-test-timeout: 600
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
@@ -470,7 +471,8 @@ TEST(dora_cli)
     char *alone[] = {GPT, "--lora-dora", "--no-eval", "--max-steps", "1", NULL};
     cli_runv(&r, 60, NULL, alone);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "--lora-dora and --lora-modules-to-save go with --lora-targets");
+    ASSERT_STR_CONTAINS(r.err, "--lora-dora, --lora-modules-to-save, --lora-layers-to-transform and "
+                               "--lora-layers-pattern go with --lora-targets");
     char *tp[] = {GPT, LORA_FLAGS, "--lora-dora", "--no-eval", "--max-steps", "1", "--tp", "2", NULL};
     cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp});
     ASSERT_EQ_INT(r.code, 2);
@@ -654,6 +656,49 @@ TEST(modules_to_save_cli)
     ASSERT_STR_CONTAINS(r.err, "differ, but this model ties them");
 }
 
+/* --lora-layers-to-transform (PEFT's layers_to_transform): only those layers' targets; --save-lora writes it,
+ * --lora-from reads it back, the checkpoint keeps it (--resume with other flags refused naming it); a bad list and
+ * --lora-layers-pattern alone exit 2 */
+TEST(layers_to_transform_cli)
+{
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    const char *ad = cli_path("lt_ad"), *ad2 = cli_path("lt_ad2"), *ck = cli_path("lt_ck");
+    char *run[] = {"train", "--model", "hf:" HF, "--lora-targets", "q_proj,down_proj", "--lora-layers-to-transform",
+                   "1", "--data", tok, "--seq", "16", "--batch", "2", "--max-steps", "2", "--no-eval", "--threads", "1",
+                   "--save-lora", (char *)ad, "--save", (char *)ck, NULL};
+    cli_result r;
+    cli_runv(&r, 300, NULL, run);
+    ASSERT_EQ_INT(r.code, 0);
+    char *from[] = {"train", "--model", "hf:" HF, "--lora-from", (char *)ad, "--data", tok, "--seq", "16", "--batch",
+                    "2", "--max-steps", "1", "--no-eval", "--threads", "1", "--save-lora", (char *)ad2, NULL};
+    cli_runv(&r, 300, NULL, from);
+    ASSERT_EQ_INT(r.code, 0);
+    for (int k = 0; k < 2; k++) {
+        char f[600];
+        snprintf(f, sizeof f, "%s/adapter_model.safetensors", k ? ad2 : ad);
+        dt_ckpt *c = NULL;
+        ASSERT_OK(dt_ckpt_open(f, &c));
+        ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), 4);
+        ASSERT(dt_ckpt_find(c, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight") >= 0);
+        ASSERT(dt_ckpt_find(c, "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight") < 0);
+        dt_ckpt_close(c);
+    }
+    char *bad[] = {"train", "--model", "hf:" HF, "--lora-targets", "q_proj,down_proj", "--data", tok, "--seq", "16",
+                   "--batch", "2", "--max-steps", "3", "--no-eval", "--save", (char *)ck, "--resume", "auto", NULL};
+    cli_runv(&r, 120, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-layers-to-transform 1");
+    char *list[] = {GPT, "--lora-targets", "c_attn", "--lora-layers-to-transform", "0,-1", "--no-eval", NULL};
+    cli_runv(&r, 60, NULL, list);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not a comma-separated list of layer indices");
+    char *pat[] = {GPT, "--lora-targets", "c_attn", "--lora-layers-pattern", "h", "--no-eval", NULL};
+    cli_runv(&r, 60, NULL, pat);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-layers-pattern goes with --lora-layers-to-transform");
+}
+
 int main(void)
 {
     make_tokens();
@@ -662,6 +707,7 @@ int main(void)
     RUN(dora_cli);
     RUN(frozen_bf16);
     RUN(modules_to_save_cli);
+    RUN(layers_to_transform_cli);
     RUN(save_lora_zero3);
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
