@@ -9,7 +9,10 @@
  *     tag a module with its tensor-parallel group (dt_module.tp);
  *   - src/train/strategy_pipe_impl.h (the "pipe" strategy): a pipeline
  *     rank holds only its stages' parts of the flats (dt__model_keep_only,
- *     dt__model_materialize, dt__model_release, dt_model.keep).
+ *     dt__model_materialize, dt__model_release, dt_model.keep);
+ *   - src/train/trainer_ckpt_load.c: DoRA's magnitudes start at their
+ *     layers' row norms once the base weights are in place
+ *     (dt__lora_dora_norm).
  * Everything else of nn (hook lists, the forward body, module allocation)
  * stays in nn_impl.h, private to src/nn. The layouts below change with nn;
  * code outside src/nn should prefer the public calls of nn.h

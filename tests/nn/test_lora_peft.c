@@ -324,6 +324,20 @@ TEST(bad_adapters)
          "\"use_qalora\": true}", "use_qalora"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": 1}",
          "use_dora"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"modules_to_save\": \"lm_head\"}", "modules_to_save"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"modules_to_save\": [\"\"]}", "modules_to_save"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"layers_to_transform\": \"0\"}", "layers_to_transform"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"layers_to_transform\": [0, -1]}", "layers_to_transform"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"layers_to_transform\": [1.5]}", "layers_to_transform"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"layers_to_transform\": 1, \"layers_pattern\": 5}", "layers_pattern"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"rank_pattern\": {\"q_proj\": 8}}", "rank_pattern"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}",
          "bias"},
         {"[1, 2]", "not a JSON object"},
