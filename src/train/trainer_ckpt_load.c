@@ -424,8 +424,11 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     }
     /* buffers: whole on every rank, in their own dtype */
     dt_ckpt_list *l = NULL;
-    if ((st = dt_ckpt_list_init(&l)) < 0)
+    if ((st = dt_ckpt_list_init(&l)) < 0) {
+        free(conv);
+        free(pc);
         return st;
+    }
     for (int d = 0; !tp && d < DT_DTYPE_COUNT && st >= 0; d++) {
         const dt_flat *f = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
         if (f && f->numel)
