@@ -103,12 +103,12 @@ if check:
     sys.exit(0)
 
 
-
 def train_save(pm, ids, name, targets):
     """10 AdamW steps of PEFT model pm on ids[k % 2]; its adapters before and after (out/NAME_init, out/NAME_after),
-    the losses and the merged targets in out/NAME_ref.safetensors"""
-    pm.save_pretrained(os.path.join(out, name + "_init"))
-    os.remove(os.path.join(out, name + "_init", "README.md"))
+    the losses and the merged targets in out/NAME_ref.safetensors (name "": out/init, out/after, out/ref...)"""
+    pre = name + "_" if name else ""
+    pm.save_pretrained(os.path.join(out, pre + "init"))
+    os.remove(os.path.join(out, pre + "init", "README.md"))  # a model card: not read by anybody
     pm.train()
     opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.1)
@@ -119,14 +119,14 @@ def train_save(pm, ids, name, targets):
         losses.append(l.item())
         l.backward()
         opt.step()
-    pm.save_pretrained(os.path.join(out, name + "_after"))
-    os.remove(os.path.join(out, name + "_after", "README.md"))
+    pm.save_pretrained(os.path.join(out, pre + "after"))
+    os.remove(os.path.join(out, pre + "after", "README.md"))
     merged = pm.merge_and_unload()
     refs = {"input_ids": ids.clone(), "loss": torch.tensor(losses, dtype=torch.float32)}
     for pname, t in merged.state_dict().items():
         if any(pname.endswith(x + ".weight") for x in targets):
             refs["merged." + pname] = t.detach().clone().contiguous()
-    save_file(refs, os.path.join(out, name + "_ref.safetensors"))
+    save_file(refs, os.path.join(out, pre + "ref.safetensors"))
     print(name, "losses", " ".join(f"{x:.6f}" for x in losses))
 
 
@@ -158,28 +158,7 @@ V = base.config.vocab_size
 ids = torch.randint(0, V, (2, 2, T + 1), generator=torch.Generator().manual_seed(11))
 torch.manual_seed(5)
 cfg = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, task_type="CAUSAL_LM")
-pm = get_peft_model(base, cfg)
-pm.save_pretrained(os.path.join(out, "init"))
-os.remove(os.path.join(out, "init", "README.md"))  # a model card: not read by anybody
-pm.train()
-opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
-                        weight_decay=0.1)
-losses = []
-for k in range(10):
-    opt.zero_grad()
-    l = loss_of(pm, ids[k % 2])
-    losses.append(l.item())
-    l.backward()
-    opt.step()
-pm.save_pretrained(os.path.join(out, "after"))
-os.remove(os.path.join(out, "after", "README.md"))
-merged = pm.merge_and_unload()
-refs = {"input_ids": ids.clone(), "loss": torch.tensor(losses, dtype=torch.float32)}
-for name, t in merged.state_dict().items():
-    if any(name.endswith(x + ".weight") for x in TARGETS):
-        refs["merged." + name] = t.detach().clone().contiguous()
-save_file(refs, os.path.join(out, "ref.safetensors"))
-print("losses", " ".join(f"{x:.6f}" for x in losses))
+train_save(get_peft_model(base, cfg), ids, "", TARGETS)
 
 # Gemma 3's image-text model: adapters on target_modules, every lora_B drawn N(0, 0.2) after
 # torch.manual_seed(seed) so that they move the logits; saved to out/name; the PEFT model and its logits on

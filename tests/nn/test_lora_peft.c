@@ -143,6 +143,43 @@ static double adapters_err(const dt_model *m, const char *file)
     return adapters_err_of(m, file, 16, false); /* 4 targets x 2 layers x (A, B) */
 }
 
+/* 10 AdamW steps (lr 1e-2, weight decay 0.1: the goldens') of r's trained parameters on ids[(step % 2)], [2, 17]
+ * each; *worst: the worst relative difference of the losses from PEFT's want[10] (INFINITY until they ran) */
+static void adamw_steps(run *r, const int64_t *ids, const float *want, double *worst)
+{
+    *worst = INFINITY;
+    dt_adam_params ap = dt_adamw_params_default();
+    ap.lr = 1e-2, ap.weight_decay = 0.1;
+    const dt_flat *P = dt_model_flat(r->m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(r->m, DT_FLAT_GRADS, DT_F32);
+    dt_optim_range rg = {.params = P, .grads = G, .lo = 0, .hi = P->total};
+    dt_optim *o = NULL;
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_optim_adamw_init(&ap, &rg, 1, &o));
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    double w = 0;
+    for (int step = 0; step < 10 && o && ctx; step++) {
+        dt_model_zero_grad(r->m);
+        dt_tensor *loss = loss_of(ctx, r, ids + (step % 2) * 34, true);
+        ASSERT(loss != NULL);
+        if (!loss) {
+            w = INFINITY;
+            break;
+        }
+        double l = dt_tensor_get(loss, 0);
+        fprintf(stderr, "  step %d: loss %.8f, PEFT %.8f\n", step, l, (double)want[step]);
+        w = fmax(w, fabs(l - want[step]) / fabs((double)want[step]));
+        if (dt_backward(ctx, loss) < 0 || dt_optim_step(o) < 0) {
+            w = INFINITY;
+            break;
+        }
+        dt_ctx_reset(ctx);
+    }
+    if (o && ctx)
+        *worst = w;
+    dt_optim_free(o);
+    dt_ctx_free(ctx);
+}
+
 /* PEFT's initial adapters, 10 AdamW steps: PEFT's losses and adapters. */
 TEST(train_parity)
 {
@@ -155,29 +192,10 @@ TEST(train_parity)
     ASSERT_EQ_INT((int)r.pc.params.r, 4);
     ASSERT(r.pc.params.alpha == 8.0f && !r.pc.params.rslora);
     ASSERT(adapters_err(r.m, LORA "init/adapter_model.safetensors") == 0); /* loaded exactly */
-    dt_adam_params ap = dt_adamw_params_default();
-    ap.lr = 1e-2, ap.weight_decay = 0.1;
-    const dt_flat *P = dt_model_flat(r.m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(r.m, DT_FLAT_GRADS, DT_F32);
+    const dt_flat *P = dt_model_flat(r.m, DT_FLAT_PARAMS, DT_F32);
     ASSERT(P && P->numel == 2 * 4 * (32 + 48) + 2 * 4 * (32 + 24) + 2 * 4 * (48 + 32) + 2 * 4 * (64 + 32));
-    dt_optim_range rg = {.params = P, .grads = G, .lo = 0, .hi = P->total};
-    dt_optim *o = NULL;
-    ASSERT_OK(dt_optim_adamw_init(&ap, &rg, 1, &o));
-    dt_ctx *ctx;
-    ASSERT_OK(dt_ctx_init(NULL, &ctx));
-    double worst = 0;
-    for (int step = 0; step < 10 && o; step++) {
-        dt_model_zero_grad(r.m);
-        dt_tensor *loss = loss_of(ctx, &r, ids + (step % 2) * 34, true);
-        ASSERT(loss != NULL);
-        if (!loss)
-            break;
-        double l = dt_tensor_get(loss, 0), e = fabs(l - want[step]) / fabs((double)want[step]);
-        fprintf(stderr, "  step %d: loss %.8f, PEFT %.8f\n", step, l, (double)want[step]);
-        worst = e > worst ? e : worst;
-        ASSERT_OK(dt_backward(ctx, loss));
-        ASSERT_OK(dt_optim_step(o));
-        dt_ctx_reset(ctx);
-    }
+    double worst;
+    adamw_steps(&r, ids, want, &worst);
     fprintf(stderr, "  worst relative loss difference over 10 steps %.3g\n", worst);
     ASSERT(worst <= 1e-5);
     ASSERT(want[9] < want[1] - 0.1); /* it trained */
@@ -230,8 +248,6 @@ TEST(train_parity)
     ASSERT_EQ_INT(nt, 4);
     ASSERT_STR_EQ(mine.base_model, HF);
     dt_lora_peft_config_free(&mine);
-    dt_optim_free(o);
-    dt_ctx_free(ctx);
     close_run(&r);
     free(ids);
     free(want);
@@ -786,27 +802,8 @@ static void peft_case(const char *base, const char *bf1, const char *bf2, const 
     ASSERT_EQ_INT(open_run_on(&r, base, init), 0);
     ASSERT(adapters_err_of(r.m, f, n, false) == 0);
     dt_model_train(r.m, false); /* GPT-2's config.json has dropout 0.1; the golden steps ran without */
-    dt_adam_params ap = dt_adamw_params_default();
-    ap.lr = 1e-2, ap.weight_decay = 0.1;
-    const dt_flat *P = dt_model_flat(r.m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(r.m, DT_FLAT_GRADS, DT_F32);
-    dt_optim_range rg = {.params = P, .grads = G, .lo = 0, .hi = P->total};
-    dt_optim *o = NULL;
-    ASSERT_OK(dt_optim_adamw_init(&ap, &rg, 1, &o));
-    dt_ctx *ctx;
-    ASSERT_OK(dt_ctx_init(NULL, &ctx));
-    double worst = 0;
-    for (int step = 0; step < 10 && o; step++) {
-        dt_model_zero_grad(r.m);
-        dt_tensor *loss = loss_of(ctx, &r, ids + (step % 2) * 34, true);
-        ASSERT(loss != NULL);
-        if (!loss)
-            break;
-        double l = dt_tensor_get(loss, 0);
-        worst = fmax(worst, fabs(l - want[step]) / fabs((double)want[step]));
-        ASSERT_OK(dt_backward(ctx, loss));
-        ASSERT_OK(dt_optim_step(o));
-        dt_ctx_reset(ctx);
-    }
+    double worst;
+    adamw_steps(&r, ids, want, &worst);
     snprintf(f, sizeof f, "%s/adapter_model.safetensors", after);
     double ae = adapters_err_of(r.m, f, n, false);
     fprintf(stderr, "  %s: worst relative loss difference over 10 steps %.3g (PEFT %.6f -> %.6f); adapters and "
@@ -825,8 +822,6 @@ static void peft_case(const char *base, const char *bf1, const char *bf2, const 
     dt_lora_peft_config_free(&mine);
     snprintf(f, sizeof f, "%s/adapter_model.safetensors", dir);
     ASSERT(adapters_err_of(r.m, f, n, false) == 0); /* every key PEFT's file has, with its values */
-    dt_optim_free(o);
-    dt_ctx_free(ctx);
     close_run(&r);
 
     /* PEFT's trained adapters merged: PEFT's merge_and_unload */

@@ -60,6 +60,27 @@ static double last_eval_loss(const char *path)
 /* "loss" of a --json line. */
 static double json_loss(const char *out) { return cli_out_value(out, "{\"loss\":"); }
 
+/* `dtrain eval --ckpt ck` (no LoRA flags: the checkpoint's) gives the run's final evaluation `trained`, and its
+ * merged export (--save-hf merged) the same loss */
+static void evals_agree(const char *what, const char *ck, const char *merged, double trained)
+{
+    cli_result r;
+    char *ev[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", NULL};
+    cli_runv(&r, 120, NULL, ev);
+    ASSERT_EQ_INT(r.code, 0);
+    const double l1 = json_loss(r.out);
+    char hf[400];
+    snprintf(hf, sizeof hf, "hf:%s", merged);
+    char *ev3[] = {"eval", "--model", hf, "--data", val_, "--batch", "4", "--seq", "32", "--json", "--threads", "1",
+                   NULL};
+    cli_runv(&r, 120, NULL, ev3);
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  %s: run's final eval %.6f, eval --ckpt %.8f, merged export %.8f\n", what, trained, l1,
+            json_loss(r.out));
+    ASSERT(fabs(l1 - trained) <= 1e-6);
+    ASSERT(fabs(json_loss(r.out) - l1) <= 1e-5 * l1);
+}
+
 #define GPT "train", "--model", "gpt-micro", "--data", data_, "--vocab-size", "701", "--seq", "32", "--batch", "4", \
             "--threads", "1", "--optimizer", "adamw", "--lr", "0.05"
 #define LORA_FLAGS "--lora-targets", "c_attn,c_proj", "--lora-r", "4", "--lora-alpha", "16"
@@ -385,21 +406,7 @@ TEST(dora_cli)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "LoRA: r 4, alpha 16, dropout 0, scaling 4, DoRA");
-    const double trained = last_eval_loss(metrics);
-    char *ev[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", NULL};
-    cli_runv(&r, 120, NULL, ev);
-    ASSERT_EQ_INT(r.code, 0);
-    const double l1 = json_loss(r.out);
-    char hf[400];
-    snprintf(hf, sizeof hf, "hf:%s", merged);
-    char *ev3[] = {"eval", "--model", hf, "--data", val_, "--batch", "4", "--seq", "32", "--json", "--threads", "1",
-                   NULL};
-    cli_runv(&r, 120, NULL, ev3);
-    ASSERT_EQ_INT(r.code, 0);
-    fprintf(stderr, "  DoRA: run's final eval %.6f, eval --ckpt %.8f, merged export %.8f\n", trained, l1,
-            json_loss(r.out));
-    ASSERT(fabs(l1 - trained) <= 1e-6);
-    ASSERT(fabs(json_loss(r.out) - l1) <= 1e-5 * l1);
+    evals_agree("DoRA", ck, merged, last_eval_loss(metrics));
     char *res[] = {GPT, "--no-eval", "--max-steps", "8", "--save", (char *)ck, "--resume", "auto", NULL};
     cli_runv(&r, 300, NULL, res);
     ASSERT_EQ_INT(r.code, 0);
@@ -577,19 +584,7 @@ TEST(modules_to_save_cli)
     ASSERT(cJSON_GetArraySize(ms) == 1 && !strcmp(cJSON_GetArrayItem(ms, 0)->valuestring, "lm_head"));
     cJSON_Delete(cj);
     free(cfg);
-    char *ev[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", NULL};
-    cli_runv(&r, 120, NULL, ev);
-    ASSERT_EQ_INT(r.code, 0);
-    const double l1 = json_loss(r.out);
-    char hf[400];
-    snprintf(hf, sizeof hf, "hf:%s", merged);
-    char *ev3[] = {"eval", "--model", hf, "--data", val_, "--batch", "4", "--seq", "32", "--json", "--threads", "1",
-                   NULL};
-    cli_runv(&r, 120, NULL, ev3);
-    ASSERT_EQ_INT(r.code, 0);
-    fprintf(stderr, "  modules to save: run's final eval %.6f, eval --ckpt %.8f, merged export %.8f\n", trained, l1,
-            json_loss(r.out));
-    ASSERT(fabs(l1 - trained) <= 1e-6 && fabs(json_loss(r.out) - l1) <= 1e-5 * l1);
+    evals_agree("modules to save", ck, merged, trained);
     char *bad[] = {GPT, "--no-eval", "--max-steps", "10", "--save", (char *)ck, "--resume", "auto", "--lora-targets",
                    "c_attn", NULL};
     cli_runv(&r, 120, NULL, bad);
