@@ -253,6 +253,57 @@ TEST(train_parity)
     free(want);
 }
 
+/* The largest |a - b| over the tensors "merged.NAME" of file a_file and NAME of b_file (*n counts them; INFINITY
+ * when one is missing), and in *moved the largest |a - base| (NAME in base file base1, or base2 when not NULL). */
+static double merged_err(const char *a_file, const char *b_file, const char *base1, const char *base2, int *n,
+                         double *moved)
+{
+    dt_st_file *ref = NULL, *got = NULL;
+    double worst = -1;
+    *n = 0, *moved = 0;
+    if (dt_st_open(a_file, &ref) < 0 || dt_st_open(b_file, &got) < 0)
+        goto out;
+    worst = 0;
+    for (size_t i = 0; i < dt_st_count(ref); i++) {
+        const dt_st_tensor *tr = dt_st_tensor_at(ref, i);
+        if (strncmp(tr->name, "merged.", 7))
+            continue;
+        const dt_st_tensor *tg = dt_st_find(got, tr->name + 7);
+        size_t nb = 0;
+        float *a = malloc(tr->numel * sizeof *a), *b = malloc(tr->numel * sizeof *b);
+        float *base = t_read_tensor(base1, tr->name + 7, &nb);
+        if (!base && base2)
+            base = t_read_tensor(base2, tr->name + 7, &nb);
+        if (!tg || tg->numel != tr->numel || !a || !b || !base || nb != tr->numel ||
+            dt_st_read(ref, tr, 0, tr->numel * 4, a) < 0 || dt_st_read(got, tg, 0, tg->numel * 4, b) < 0) {
+            fprintf(stderr, "  '%s' missing or of another size\n", tr->name + 7);
+            worst = INFINITY;
+        }
+        for (size_t k = 0; worst < INFINITY && k < tr->numel; k++) {
+            worst = fmax(worst, fabs((double)a[k] - b[k]));
+            *moved = fmax(*moved, fabs((double)a[k] - base[k]));
+        }
+        free(a);
+        free(b);
+        free(base);
+        (*n)++;
+    }
+out:
+    dt_st_close(ref);
+    dt_st_close(got);
+    return worst;
+}
+
+/* The model's tensors (the frozen base and the adapters) as one checkpoint at ck */
+static void model_ckpt(const dt_model *m, const char *ck)
+{
+    dt_ckpt_list *l = NULL;
+    ASSERT_OK(dt_ckpt_list_init(&l));
+    ASSERT_OK(dt_ckpt_list_add_model(l, m));
+    ASSERT_OK(dt_ckpt_save(ck, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), NULL, NULL));
+    dt_ckpt_list_free(l);
+}
+
 /* PEFT's trained adapters load into dtrain exactly; their merged export
  * equals PEFT's merge_and_unload. */
 TEST(merged_export)
@@ -260,16 +311,11 @@ TEST(merged_export)
     run r;
     ASSERT_EQ_INT(open_run(&r, LORA "after"), 0);
     ASSERT(adapters_err(r.m, LORA "after/adapter_model.safetensors") == 0);
-    /* the model's tensors (the frozen base and the adapters) as one checkpoint */
     char ck[400], out[400], out2[400], f[500];
     snprintf(ck, sizeof ck, "%s/ck", t_tmpdir("lora_peft"));
     snprintf(out, sizeof out, "%s/merged", t_tmpdir("lora_peft"));
     snprintf(out2, sizeof out2, "%s/unmerged", t_tmpdir("lora_peft"));
-    dt_ckpt_list *l = NULL;
-    ASSERT_OK(dt_ckpt_list_init(&l));
-    ASSERT_OK(dt_ckpt_list_add_model(l, r.m));
-    ASSERT_OK(dt_ckpt_save(ck, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), NULL, NULL));
-    dt_ckpt_list_free(l);
+    model_ckpt(r.m, ck);
     dt_hf_config h;
     ASSERT_OK(dt_hf_config_read(HF, &h));
     dt_hf_save_params p = dt_hf_save_params_default();
@@ -278,43 +324,14 @@ TEST(merged_export)
     p.lora_scaling = dt_lora_scaling(&r.pc.params);
     ASSERT_OK(dt_hf_save(ck, &h, out, &p));
     snprintf(f, sizeof f, "%s/model.safetensors", out);
-    dt_st_file *ref = NULL, *got = NULL;
-    ASSERT_OK(dt_st_open(LORA "ref.safetensors", &ref));
-    ASSERT_OK(dt_st_open(f, &got));
     int nmerged = 0;
-    double worst = 0, moved = 0;
-    for (size_t i = 0; ref && got && i < dt_st_count(ref); i++) {
-        const dt_st_tensor *tr = dt_st_tensor_at(ref, i);
-        if (strncmp(tr->name, "merged.", 7))
-            continue;
-        const dt_st_tensor *tg = dt_st_find(got, tr->name + 7);
-        ASSERT(tg != NULL && tg->numel == tr->numel);
-        if (!tg || tg->numel != tr->numel)
-            continue;
-        float *a = malloc(tr->numel * sizeof *a), *b = malloc(tr->numel * sizeof *b);
-        size_t nb = 0;
-        float *base = t_read_tensor(HF "/model-00001-of-00002.safetensors", tr->name + 7, &nb);
-        if (!base)
-            base = t_read_tensor(HF "/model-00002-of-00002.safetensors", tr->name + 7, &nb);
-        ASSERT(a && b && base && nb == tr->numel);
-        ASSERT_OK(dt_st_read(ref, tr, 0, tr->numel * 4, a));
-        ASSERT_OK(dt_st_read(got, tg, 0, tg->numel * 4, b));
-        for (size_t k = 0; base && k < tr->numel; k++) {
-            worst = fmax(worst, fabs((double)a[k] - b[k]));
-            moved = fmax(moved, fabs((double)a[k] - base[k]));
-        }
-        free(a);
-        free(b);
-        free(base);
-        nmerged++;
-    }
+    double moved = 0, worst = merged_err(LORA "ref.safetensors", f, HF "/model-00001-of-00002.safetensors",
+                                         HF "/model-00002-of-00002.safetensors", &nmerged, &moved);
     fprintf(stderr, "  merged: %d weights, max |dtrain - PEFT| %.3g (the merge moved them by up to %.3g)\n", nmerged,
             worst, moved);
     ASSERT_EQ_INT(nmerged, 8);
     ASSERT(worst <= 1e-6);
     ASSERT(moved > 1e-3); /* the adapters changed the weights */
-    dt_st_close(ref);
-    dt_st_close(got);
     close_run(&r);
 }
 
@@ -733,47 +750,6 @@ TEST(save_check)
     ASSERT_STATUS(dt_lora_save_peft_check(NULL), DT_ERR_NULL);
 }
 
-/* The largest |a - b| over the tensors "merged.NAME" of file a_file and NAME of b_file (*n counts them; INFINITY
- * when one is missing), and in *moved the largest |a - base| (NAME in base file base1, or base2 when not NULL). */
-static double merged_err(const char *a_file, const char *b_file, const char *base1, const char *base2, int *n,
-                         double *moved)
-{
-    dt_st_file *ref = NULL, *got = NULL;
-    double worst = -1;
-    *n = 0, *moved = 0;
-    if (dt_st_open(a_file, &ref) < 0 || dt_st_open(b_file, &got) < 0)
-        goto out;
-    worst = 0;
-    for (size_t i = 0; i < dt_st_count(ref); i++) {
-        const dt_st_tensor *tr = dt_st_tensor_at(ref, i);
-        if (strncmp(tr->name, "merged.", 7))
-            continue;
-        const dt_st_tensor *tg = dt_st_find(got, tr->name + 7);
-        size_t nb = 0;
-        float *a = malloc(tr->numel * sizeof *a), *b = malloc(tr->numel * sizeof *b);
-        float *base = t_read_tensor(base1, tr->name + 7, &nb);
-        if (!base && base2)
-            base = t_read_tensor(base2, tr->name + 7, &nb);
-        if (!tg || tg->numel != tr->numel || !a || !b || !base || nb != tr->numel ||
-            dt_st_read(ref, tr, 0, tr->numel * 4, a) < 0 || dt_st_read(got, tg, 0, tg->numel * 4, b) < 0) {
-            fprintf(stderr, "  '%s' missing or of another size\n", tr->name + 7);
-            worst = INFINITY;
-        }
-        for (size_t k = 0; worst < INFINITY && k < tr->numel; k++) {
-            worst = fmax(worst, fabs((double)a[k] - b[k]));
-            *moved = fmax(*moved, fabs((double)a[k] - base[k]));
-        }
-        free(a);
-        free(b);
-        free(base);
-        (*n)++;
-    }
-out:
-    dt_st_close(ref);
-    dt_st_close(got);
-    return worst;
-}
-
 /* PEFT's adapters of name_init/ on base (bf1/bf2 its weight files), with DoRA (use_dora) or modules to save: they
  * load exactly, and dtrain's own DoRA magnitudes (the base's row norms, written by the trainer) equal PEFT's
  * initial ones; 10 AdamW steps give PEFT's losses and name_after/'s tensors; dtrain's saved adapters have PEFT's
@@ -829,11 +805,7 @@ static void peft_case(const char *base, const char *bf1, const char *bf2, const 
     char ck[400], out[400];
     snprintf(ck, sizeof ck, "%s/%s_ck", t_tmpdir("lora_peft"), name);
     snprintf(out, sizeof out, "%s/%s_merged", t_tmpdir("lora_peft"), name);
-    dt_ckpt_list *l = NULL;
-    ASSERT_OK(dt_ckpt_list_init(&l));
-    ASSERT_OK(dt_ckpt_list_add_model(l, r.m));
-    ASSERT_OK(dt_ckpt_save(ck, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), NULL, NULL));
-    dt_ckpt_list_free(l);
+    model_ckpt(r.m, ck);
     dt_hf_config h;
     ASSERT_OK(dt_hf_config_read(base, &h));
     dt_hf_save_params p = dt_hf_save_params_default();

@@ -155,29 +155,40 @@ TEST(ckpt_keeps_lora)
     ASSERT_STR_CONTAINS(r.err, "this command has no LoRA --freeze transformer.h.0.*");
 }
 
-/* --lora-from: PEFT's adapters on hf:DIR; bad directories exit 2 naming the file. */
-TEST(lora_from)
+/* `dtrain train --model hf:<the golden Llama> --lora-from dir --save-lora out` (2 AdamW steps): exit 0, stdout holding
+ * want, and out's adapter file n tensors, key among them */
+static void from_peft(const char *dir, const char *out, const char *want, int n, const char *key)
 {
     char tok[500];
     snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
-    const char *ad = cli_path("ad_llama");
-    char *run[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "init", "--data", tok, "--seq", "16", "--batch",
-                   "2", "--max-steps", "3", "--no-eval", "--threads", "1", "--optimizer", "adamw", "--lr", "0.01",
-                   "--save-lora", (char *)ad, NULL};
+    char *run[] = {"train", "--model", "hf:" HF, "--lora-from", (char *)dir, "--data", tok, "--seq", "16", "--batch",
+                   "2", "--max-steps", "2", "--no-eval", "--threads", "1", "--optimizer", "adamw", "--lr", "0.01",
+                   "--save-lora", (char *)out, NULL};
     cli_result r;
     cli_runv(&r, 300, NULL, run);
     if (r.code)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.out, "LoRA: r 4, alpha 8, dropout 0, scaling 2");
+    ASSERT_STR_CONTAINS(r.out, want);
     char f[600];
-    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
-    dt_ckpt *ck = NULL;
-    ASSERT_OK(dt_ckpt_open(f, &ck));
-    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(ck), 16);
-    ASSERT(dt_ckpt_find(ck, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight") >= 0);
-    dt_ckpt_close(ck);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", out);
+    dt_ckpt *c = NULL;
+    ASSERT_OK(dt_ckpt_open(f, &c));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), n);
+    ASSERT(dt_ckpt_find(c, key) >= 0);
+    dt_ckpt_close(c);
+}
 
+/* --lora-from: PEFT's adapters on hf:DIR; bad directories exit 2 naming the file. */
+TEST(lora_from)
+{
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    from_peft(LORA "init", cli_path("ad_llama"), "LoRA: r 4, alpha 8, dropout 0, scaling 2", 16,
+              "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+
+    cli_result r;
+    char f[600];
     const char *bd = cli_path("bad_adapters");
     char *bad[] = {"train", "--model", "hf:" HF, "--lora-from", (char *)bd, "--data", tok, "--seq", "16", "--batch",
                    "2", "--max-steps", "1", "--no-eval", "--threads", "1", NULL};
@@ -444,22 +455,8 @@ TEST(dora_cli)
     /* PEFT's DoRA adapters on hf:DIR, saved back with their magnitudes */
     char tok[500];
     snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
-    const char *ad = cli_path("dora_llama");
-    char *from[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "dora_init", "--data", tok, "--seq", "16",
-                    "--batch", "2", "--max-steps", "2", "--no-eval", "--threads", "1", "--optimizer", "adamw",
-                    "--save-lora", (char *)ad, NULL};
-    cli_runv(&r, 300, NULL, from);
-    if (r.code)
-        fprintf(stderr, "%s\n%s\n", r.out, r.err);
-    ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.out, "scaling 2, DoRA");
-    char f[600];
-    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
-    dt_ckpt *c = NULL;
-    ASSERT_OK(dt_ckpt_open(f, &c));
-    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), 24);
-    ASSERT(dt_ckpt_find(c, "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector") >= 0);
-    dt_ckpt_close(c);
+    from_peft(LORA "dora_init", cli_path("dora_llama"), "scaling 2, DoRA", 24,
+              "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector");
 
     /* generate --lora-from: the KV cache's tokens are the full recompute's, and not the base model's */
     char outs[3][256];
@@ -594,17 +591,7 @@ TEST(modules_to_save_cli)
 
     char tok[500];
     snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
-    const char *ad2 = cli_path("save_llama");
-    char *from[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "save_init", "--data", tok, "--seq", "16",
-                    "--batch", "2", "--max-steps", "2", "--no-eval", "--threads", "1", "--optimizer", "adamw",
-                    "--save-lora", (char *)ad2, NULL};
-    cli_runv(&r, 300, NULL, from);
-    ASSERT_EQ_INT(r.code, 0);
-    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad2);
-    ASSERT_OK(dt_ckpt_open(f, &c));
-    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), 9);
-    ASSERT(dt_ckpt_find(c, "base_model.model.lm_head.weight") >= 0);
-    dt_ckpt_close(c);
+    from_peft(LORA "save_init", cli_path("save_llama"), "LoRA: r 4", 9, "base_model.model.lm_head.weight");
 
     struct {
         const char *flag, *want;
