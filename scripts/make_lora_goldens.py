@@ -60,6 +60,10 @@ down_proj, dropout 0, task CAUSAL_LM.
            LoRA on q_proj and v_proj of the Llama with modules_to_save
            ["lm_head"] (after torch.manual_seed(37)): the head trains whole
            and is saved as base_model.model.lm_head.weight
+  gpt2_bias_init/, gpt2_bias_after/, gpt2_bias_ref.safetensors:
+           LoRA on GPT-2's c_attn with bias="all" (after
+           torch.manual_seed(41)): every bias trains beside the adapters,
+           an adapted layer's saved as <layer>.base_layer.bias
 
 Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
        $PEER_PYTHON scripts/make_lora_goldens.py --dora [tests/data]   (only the DoRA and save_ files)
@@ -150,6 +154,12 @@ if dora_only:
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
                                          modules_to_save=["lm_head"], task_type="CAUSAL_LM"))
     train_save(pm, ids, "save", ["q_proj", "v_proj", "lm_head"])
+    g = GPT2LMHeadModel.from_pretrained(os.path.join(data, "hf", "gpt2"), torch_dtype=torch.float32, resid_pdrop=0.0,
+                                        embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(41)
+    pm = get_peft_model(g, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.0, bias="all",
+                                      fan_in_fan_out=True, task_type="CAUSAL_LM"))
+    train_save(pm, gids, "gpt2_bias", ["c_attn"])
     sys.exit(0)
 
 os.makedirs(out, exist_ok=True)

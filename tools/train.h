@@ -88,6 +88,7 @@ typedef struct dt__train_opts {
     const char *lora_save_modules; /* PEFT's modules_to_save: comma-separated module names (NULL: none) */
     const char *lora_layers;  /* PEFT's layers_to_transform: comma-separated indices (NULL: every layer) */
     const char *lora_layers_pattern; /* PEFT's layers_pattern: comma-separated names (NULL: any) */
+    const char *lora_bias;    /* PEFT's bias: none (NULL), all, lora_only */
     const char *save_lora;    /* directory for the adapters in PEFT's format at the end */
     const char *lora_from;    /* PEFT adapters (adapter_config.json + adapter_model.safetensors) to start from */
     /* ZeRO / FSDP (tools/train_ddp.c) */
@@ -319,6 +320,7 @@ typedef struct dt__tuning {
     bool lora_dora;       /* DoRA (false in checkpoints saved before it was kept) */
     char *lora_save;      /* modules_to_save, comma-separated; NULL: none */
     char *lora_layers, *lora_layers_pattern; /* layers_to_transform, layers_pattern, comma-separated; NULL: none */
+    dt_lora_bias lora_bias; /* PEFT's bias */
     char *freeze;         /* --freeze's patterns; NULL: none */
     char *target_buf;     /* dt__tuning_lora's split targets */
     const char **target_list;
@@ -338,13 +340,16 @@ void dt__tuning_free(dt__tuning *t);
 char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char *freeze);
 /* The settings as the flags that give them, for messages. */
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
-                         const char *save, const char *layers, const char *layers_pattern, const char *freeze,
-                         char *buf, size_t n);
+                         const char *save, const char *layers, const char *layers_pattern, dt_lora_bias bias,
+                         const char *freeze, char *buf, size_t n);
 /* A comma-separated list of layer indices ("0,3,5") into *out (malloc'd) and *n: 0, or 2 after saying why (opt
  * names the option). */
 int dt__parse_layers(const char *opt, const char *list, int64_t **out, size_t *n);
 /* layers[0..n) joined with commas (malloc'd), NULL for none or out of memory. */
 char *dt__join_layers(const int64_t *layers, size_t n);
+/* PEFT's bias setting as its name ("none", "all", "lora_only"), and back (-1: another name). */
+const char *dt__lora_bias_name(dt_lora_bias b);
+int dt__lora_bias_parse(const char *s);
 /* NULL-terminated names joined with commas (malloc'd; "" for none), NULL when out of memory. */
 char *dt__join_names(const char *const *names);
 /* Whether ck holds these settings. */

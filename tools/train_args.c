@@ -177,6 +177,9 @@ static const opt_def opts[] = {
      "index: the first number in its name after a part, model.layers.3.mlp.down_proj: 3)"},
     {"lora-layers-pattern", OPT_STR, OFF(lora_layers_pattern), 0, 0, NULL, "NAME[,NAME...]",
      "PEFT's layers_pattern: the layer index is the number after a part of this name (layers, h)"},
+    {"lora-bias", OPT_CHOICE, OFF(lora_bias), 0, 0, "none|all|lora_only", NULL,
+     "PEFT's bias: which biases train beside the adapters (and are saved with them): none (default), all (every "
+     "parameter named bias), lora_only (the adapted layers' own)"},
     {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
      "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
      "dropout, rsLoRA and DoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
@@ -809,10 +812,10 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->lora_dora ||
-         o->lora_save_modules || o->lora_layers || o->lora_layers_pattern) && !o->lora_targets) {
+         o->lora_save_modules || o->lora_layers || o->lora_layers_pattern || o->lora_bias) && !o->lora_targets) {
         dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora, --lora-dora, "
-                    "--lora-modules-to-save, --lora-layers-to-transform and --lora-layers-pattern go with "
-                    "--lora-targets NAME[,NAME...]\n");
+                    "--lora-modules-to-save, --lora-layers-to-transform, --lora-layers-pattern and --lora-bias go "
+                    "with --lora-targets NAME[,NAME...]\n");
         return 2;
     }
     if (o->lora_layers_pattern && !o->lora_layers) {

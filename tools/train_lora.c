@@ -71,6 +71,11 @@ dt_status dt__tuning_read(const char *path, dt__tuning *out)
                 st = dup_str(cJSON_GetObjectItemCaseSensitive(l, "layers_to_transform"), &out->lora_layers);
             if (st >= 0)
                 st = dup_str(cJSON_GetObjectItemCaseSensitive(l, "layers_pattern"), &out->lora_layers_pattern);
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(l, "bias");
+            const int bias = cJSON_IsString(b) ? dt__lora_bias_parse(b->valuestring) : DT_LORA_BIAS_NONE;
+            if (st >= 0 && bias < 0)
+                st = dt_error(DT_ERR_FORMAT, "checkpoint %s: its saved LoRA bias setting is unknown", path);
+            out->lora_bias = bias < 0 ? DT_LORA_BIAS_NONE : (dt_lora_bias)bias;
         }
     }
     if (st >= 0)
@@ -118,6 +123,7 @@ dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
         return dt_error(DT_ERR_FORMAT, "the checkpoint's LoRA layers_to_transform \"%s\" is not a list of layer "
                         "indices", t->lora_layers);
     p->layers = t->layer_list;
+    p->bias = t->lora_bias;
     p->layers_pattern = t->lora_layers_pattern ? t->pattern_list : NULL;
     p->targets = t->target_list;
     p->modules_to_save = t->lora_save ? t->save_list : NULL;
@@ -127,6 +133,19 @@ dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
     p->rslora = t->lora_rslora;
     p->dora = t->lora_dora;
     return DT_OK;
+}
+
+const char *dt__lora_bias_name(dt_lora_bias b)
+{
+    return b == DT_LORA_BIAS_ALL ? "all" : b == DT_LORA_BIAS_LORA_ONLY ? "lora_only" : "none";
+}
+
+int dt__lora_bias_parse(const char *s)
+{
+    return !strcmp(s, "none") ? DT_LORA_BIAS_NONE
+           : !strcmp(s, "all") ? DT_LORA_BIAS_ALL
+           : !strcmp(s, "lora_only") ? DT_LORA_BIAS_LORA_ONLY
+                                     : -1;
 }
 
 int dt__parse_layers(const char *opt, const char *list, int64_t **out, size_t *n)
@@ -191,8 +210,9 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
         char *save = lp->modules_to_save && lp->modules_to_save[0] ? dt__join_names(lp->modules_to_save) : NULL;
         char *lay = dt__join_layers(lp->layers, lp->nlayers);
         char *pat = lp->layers_pattern && lp->layers_pattern[0] ? dt__join_names(lp->layers_pattern) : NULL;
-        const char *keys[] = {"modules_to_save", "layers_to_transform", "layers_pattern"}, *vals[] = {save, lay, pat};
-        for (int k = 0; k < 3; k++)
+        const char *keys[] = {"modules_to_save", "layers_to_transform", "layers_pattern", "bias"};
+        const char *vals[] = {save, lay, pat, lp->bias ? dt__lora_bias_name(lp->bias) : NULL};
+        for (int k = 0; k < 4; k++)
             if (vals[k])
                 cJSON_AddStringToObject(l, keys[k], vals[k]);
             else
@@ -213,8 +233,8 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
 }
 
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
-                         const char *save, const char *layers, const char *layers_pattern, const char *freeze,
-                         char *buf, size_t n)
+                         const char *save, const char *layers, const char *layers_pattern, dt_lora_bias bias,
+                         const char *freeze, char *buf, size_t n)
 {
     size_t k = 0;
     if (targets)
@@ -226,6 +246,8 @@ void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dr
                              layers_pattern ? " --lora-layers-pattern " : "", layers_pattern ? layers_pattern : "");
     else
         k = (size_t)snprintf(buf, n, "no LoRA");
+    if (targets && bias && k < n)
+        k += (size_t)snprintf(buf + k, n - k, " --lora-bias %s", dt__lora_bias_name(bias));
     if (k < n)
         snprintf(buf + k, n - k, freeze ? " --freeze %s" : "", freeze);
 }
@@ -257,5 +279,5 @@ bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_pa
     return !strcmp(ck->lora_targets, targets) && ck->lora_r == lp->r && (float)ck->lora_alpha == lp->alpha &&
            (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora && ck->lora_dora == lp->dora &&
            same_names(ck->lora_save, lp->modules_to_save) && same_names(ck->lora_layers_pattern, lp->layers_pattern) &&
-           same_layers(ck->lora_layers, lp);
+           same_layers(ck->lora_layers, lp) && ck->lora_bias == lp->bias;
 }

@@ -118,6 +118,7 @@ int dt__tr_lora_from(dt__train_run *t)
     t->o.lora_save_modules = t->peft_save;
     t->o.lora_layers = t->peft_layers;
     t->o.lora_layers_pattern = t->peft_pattern;
+    t->o.lora_bias = t->peft.params.bias ? dt__lora_bias_name(t->peft.params.bias) : NULL;
     t->o.lora_r = t->peft.params.r;
     t->o.lora_alpha = t->peft.params.alpha;
     t->o.lora_dropout = t->peft.params.dropout;
@@ -164,6 +165,7 @@ static int ckpt_tuning(dt__train_run *t, const char *eval_ckpt)
         t->o.lora_save_modules = t->ck_tuning.lora_save;
         t->o.lora_layers = t->ck_tuning.lora_layers;
         t->o.lora_layers_pattern = t->ck_tuning.lora_layers_pattern;
+        t->o.lora_bias = t->ck_tuning.lora_bias ? dt__lora_bias_name(t->ck_tuning.lora_bias) : NULL;
     }
     return 0;
 }
@@ -176,10 +178,10 @@ static int check_tuning(dt__train_run *t, const char *eval_ckpt)
         return 0;
     char ck[1500], here[1500];
     dt__tuning_describe(c->lora_targets, c->lora_r, c->lora_alpha, c->lora_dropout, c->lora_rslora, c->lora_dora,
-                        c->lora_save, c->lora_layers, c->lora_layers_pattern, c->freeze, ck, sizeof ck);
+                        c->lora_save, c->lora_layers, c->lora_layers_pattern, c->lora_bias, c->freeze, ck, sizeof ck);
     dt__tuning_describe(t->o.lora_targets, t->lora.r, t->lora.alpha, t->lora.dropout, t->lora.rslora, t->lora.dora,
-                        t->o.lora_save_modules, t->o.lora_layers, t->o.lora_layers_pattern, t->o.freeze, here,
-                        sizeof here);
+                        t->o.lora_save_modules, t->o.lora_layers, t->o.lora_layers_pattern, t->lora.bias, t->o.freeze,
+                        here, sizeof here);
     dt__cli_err("dtrain train: %s %s was trained with %s; this command has %s: give the checkpoint's settings, or "
                 "none (they are then taken from it)\n", eval_ckpt ? "--ckpt" : "--resume", t->ck_path, ck, here);
     return 2;
@@ -223,6 +225,7 @@ int dt__tr_freeze_patterns(dt__train_run *t, const char *eval_ckpt)
         (rc = dt__parse_layers("--lora-layers-to-transform", t->o.lora_layers, &t->layers, &t->lora.nlayers)))
         return rc;
     t->lora.layers = t->layers;
+    t->lora.bias = t->o.lora_bias ? (dt_lora_bias)dt__lora_bias_parse(t->o.lora_bias) : DT_LORA_BIAS_NONE;
     if (t->o.lora_layers_pattern) {
         if ((rc = split_list("--lora-layers-pattern", t->o.lora_layers_pattern, &t->pattern_buf, &t->patterns)))
             return rc;

@@ -459,7 +459,8 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * target_modules (for "all-linear"
  * the layers it chose, as PEFT saves them), use_rslora, use_dora,
  * modules_to_save, ensure_weight_tying (true when a tied weight is saved),
- * layers_to_transform, layers_pattern,
+ * layers_to_transform, layers_pattern, bias (and the biases it trains, an
+ * adapted layer's under "base_model.model.L.base_layer.bias"),
  * fan_in_fan_out true for Conv1D targets (and tensor-parallel layers
  * whose weight is [in, out]: dt_lora_hook.weight_in_out), base_model_name_or_path =
  * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
@@ -511,10 +512,10 @@ typedef struct dt_lora_peft_config {
  * position).
  * Errors name the file and the key: DT_ERR_NOT_FOUND without the file,
  * DT_ERR_FORMAT for a malformed value, DT_ERR_UNSUPPORTED for what dtrain's
- * adapters do not express (peft_type other than LORA, bias other than
- * "none", lora_bias, rank/alpha patterns, exclude_modules): refused, never dropped. layers_to_transform
+ * adapters do not express (peft_type other than LORA, lora_bias, rank/alpha
+ * patterns, exclude_modules): refused, never dropped. layers_to_transform
  * and layers_pattern read as params.layers / nlayers / layers_pattern
- * (out->layers, out->layer_patterns). use_dora true reads
+ * (out->layers, out->layer_patterns), bias as params.bias. use_dora true reads
  * as params.dora (DoRA), modules_to_save as params.modules_to_save
  * (out->save_names); dt_trainer_load_peft then loads those modules' weights
  * too.

@@ -476,6 +476,12 @@ DT_API void dt_module_clear_hooks(dt_module *m);
  * them when it starts and when it loads base weights without them
  * (dt_trainer_init, dt_trainer_load_weights). DoRA on a tensor-parallel
  * layer is DT_ERR_UNSUPPORTED. */
+/* PEFT's bias setting: which biases train beside the adapters (and are saved with them). */
+typedef enum {
+    DT_LORA_BIAS_NONE = 0,  /* "none": none */
+    DT_LORA_BIAS_ALL,       /* "all": every parameter named "bias" (norms' too) */
+    DT_LORA_BIAS_LORA_ONLY, /* "lora_only": the adapted layers' own */
+} dt_lora_bias;
 typedef struct dt_lora_params {
     int64_t r;                   /* rank, 1..65536 (default 8) */
     float alpha;                 /* lora_alpha (default 8) */
@@ -504,6 +510,7 @@ typedef struct dt_lora_params {
                                     borrowed during the build; default NULL */
     size_t nlayers;
     const char *const *layers_pattern; /* PEFT's layers_pattern (NULL-terminated), or NULL */
+    dt_lora_bias bias;           /* PEFT's bias (default DT_LORA_BIAS_NONE) */
 } dt_lora_params;
 DT_API dt_lora_params dt_lora_params_default(void);
 /* DoRA's magnitudes' child module (PEFT's name; its parameter "weight"). */

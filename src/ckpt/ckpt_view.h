@@ -52,5 +52,12 @@ dt_status dt__lora_peft_view(dt_ckpt *ck, const char *file, size_t *left_out);
 /* Whether key is an adapter tensor as PEFT names them: "L.lora_A.weight", "L.lora_B.weight", or DoRA's magnitudes
  * "L.lora_magnitude_vector" (*magnitude; the model's parameter is the key + ".weight"). lora_peft.c. */
 bool dt__lora_peft_key(const char *key, bool *magnitude);
+/* The key PEFT saves model parameter e under (its adapters, DoRA's magnitudes, the modules to save and the trained
+ * biases), into key (n bytes): "base_model.model." + the name, a magnitude's without ".weight", an adapted layer's
+ * own parameter ("L.bias") under "L.base_layer.bias". lora_peft.c. */
+void dt__lora_peft_name(const dt_param_info *e, char *key, size_t n);
+/* The model's parameter name PEFT's key holds (dt__lora_peft_name's inverse) into name (n bytes); false when the key
+ * is not under "base_model.model.". lora_peft.c. */
+bool dt__lora_peft_param(const char *key, char *name, size_t n);
 
 #endif

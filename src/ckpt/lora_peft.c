@@ -74,13 +74,12 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         else if (!ck && !si.tensor)
             st = dt_error(DT_ERR_STATE, "LoRA adapters %s: '%s' has no memory on this rank (a sharded or meta "
                           "model: save from a model that holds its parameters whole)", dir, pi.name);
-        size_t l = strlen(PREFIX) + strlen(pi.name) + 1;
+        size_t l = strlen(PREFIX) + strlen(pi.name) + sizeof ".base_layer";
         if (st == DT_OK && !(names[n] = malloc(l)))
             st = dt_error(DT_ERR_NO_MEMORY, "LoRA adapters %s: out of memory", dir);
         if (st < 0)
             break;
-        /* PEFT's key: the magnitudes' without ".weight" */
-        snprintf(names[n], l, PREFIX "%.*s", (int)(strlen(pi.name) - (mag ? 7 : 0)), pi.name);
+        dt__lora_peft_name(&pi, names[n], l);
         /* the layer (the name without ".lora_X.weight") is a Conv1D: PEFT's fan_in_fan_out */
         char layer[512];
         snprintf(layer, sizeof layer, "%.*s", (int)dt_lora_layer_len(pi.name), pi.name);
@@ -148,7 +147,9 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             cJSON_AddStringToObject(c, "base_model_name_or_path", base_model);
         else
             cJSON_AddNullToObject(c, "base_model_name_or_path");
-        cJSON_AddStringToObject(c, "bias", "none");
+        cJSON_AddStringToObject(c, "bias", p->bias == DT_LORA_BIAS_ALL         ? "all"
+                                           : p->bias == DT_LORA_BIAS_LORA_ONLY ? "lora_only"
+                                                                               : "none");
         cJSON_AddBoolToObject(c, "ensure_weight_tying", tied); /* a tied weight saved: it trained as one */
         cJSON_AddNullToObject(c, "exclude_modules");
         cJSON_AddBoolToObject(c, "fan_in_fan_out", fan_in_fan_out);
@@ -258,6 +259,33 @@ bool dt__lora_peft_key(const char *key, bool *magnitude)
     const size_t n = strlen(key), k = sizeof sfx - 1;
     *magnitude = n > k && !strcmp(key + n - k, sfx);
     return *magnitude || dt_lora_is_adapter(key);
+}
+
+void dt__lora_peft_name(const dt_param_info *e, char *key, size_t n)
+{
+    const size_t l = strlen(e->name);
+    const bool mag = dt_lora_is_magnitude(e->name);
+    /* an adapted layer's own parameter ("L.bias"): PEFT's "L.base_layer.bias" */
+    const bool own = !dt_lora_is_adapter(e->name) && e->module && dt_module_find_child(e->module, "lora_A");
+    const char *dot = own ? strrchr(e->name, '.') : NULL;
+    if (dot)
+        snprintf(key, n, PREFIX "%.*s.base_layer%s", (int)(dot - e->name), e->name, dot);
+    else
+        snprintf(key, n, PREFIX "%.*s", (int)(l - (mag ? 7 : 0)), e->name);
+}
+
+bool dt__lora_peft_param(const char *key, char *name, size_t n)
+{
+    const size_t pl = sizeof PREFIX - 1;
+    bool mag;
+    if (strncmp(key, PREFIX, pl))
+        return false;
+    const char *k = key + pl, *b = strstr(k, ".base_layer.");
+    if (b && !strchr(b + 12, '.')) /* "L.base_layer.bias": the layer's own "L.bias" */
+        snprintf(name, n, "%.*s%s", (int)(b - k), k, b + 11);
+    else
+        snprintf(name, n, "%s%s", k, dt__lora_peft_key(key, &mag) && mag ? ".weight" : "");
+    return true;
 }
 
 /* PEFT's keys of an image-text model's adapters as the text model's
@@ -517,7 +545,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     const cJSON *bm = cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path");
     /* what dtrain's adapters do not express: refused by name, never dropped */
     static const char *const must_default[] = {"lora_bias", "rank_pattern", "alpha_pattern", "exclude_modules",
-                                               "bias", "trainable_token_indices", "use_qalora", "megatron_config",
+                                               "trainable_token_indices", "use_qalora", "megatron_config",
                                                "target_parameters", "layer_replication", "use_bdlora"};
     if (!cJSON_IsString(pt))
         st = dt_error(DT_ERR_FORMAT, "%s: no \"peft_type\" string (PEFT writes \"LORA\")", file);
@@ -541,6 +569,11 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_dora\" must be true or false", file);
     if (st >= 0)
         st = read_layers(file, c, out);
+    const cJSON *bi = cJSON_GetObjectItemCaseSensitive(c, "bias");
+    if (st >= 0 && bi && !cJSON_IsNull(bi) &&
+        !(cJSON_IsString(bi) && (!strcmp(bi->valuestring, "none") || !strcmp(bi->valuestring, "all") ||
+                                 !strcmp(bi->valuestring, "lora_only"))))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"bias\" must be \"none\", \"all\" or \"lora_only\"", file);
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(c, "modules_to_save");
     if (st >= 0 && ms && !cJSON_IsNull(ms) && !cJSON_IsArray(ms))
         st = dt_error(DT_ERR_FORMAT, "%s: \"modules_to_save\" must be a list of module names or null", file);
@@ -581,6 +614,10 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         out->params.dropout = dr ? (float)dr->valuedouble : 0.0f;
         out->params.rslora = cJSON_IsTrue(rs);
         out->params.dora = cJSON_IsTrue(ud);
+        out->params.bias = !cJSON_IsString(bi)                ? DT_LORA_BIAS_NONE
+                           : !strcmp(bi->valuestring, "all")       ? DT_LORA_BIAS_ALL
+                           : !strcmp(bi->valuestring, "lora_only") ? DT_LORA_BIAS_LORA_ONLY
+                                                                   : DT_LORA_BIAS_NONE;
         out->params.modules_to_save = (const char *const *)out->save_names;
         out->params.layers = out->layers;
         out->params.layers_pattern = (const char *const *)out->layer_patterns;

@@ -37,7 +37,8 @@
 dt_lora_params dt_lora_params_default(void)
 {
     return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false, .dora = false,
-                            .modules_to_save = NULL, .layers = NULL, .nlayers = 0, .layers_pattern = NULL};
+                            .modules_to_save = NULL, .layers = NULL, .nlayers = 0, .layers_pattern = NULL,
+                            .bias = DT_LORA_BIAS_NONE};
 }
 
 static bool ends_with(const char *s, const char *suffix)

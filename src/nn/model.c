@@ -83,7 +83,11 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
                     p->numel *= (size_t)s->shape[d];
                 }
             }
-            p->frozen = !s->is_buffer && md->lora && !dt__lora_param(m) && !dt__lora_saved(m, md->lora_saved);
+            /* PEFT's bias: every "bias", or an adapted layer's own */
+            const bool bias = !strcmp(s->name, "bias") &&
+                              (md->lora_bias == DT_LORA_BIAS_ALL ||
+                               (md->lora_bias == DT_LORA_BIAS_LORA_ONLY && dt_module_find_child(m, "lora_A")));
+            p->frozen = !s->is_buffer && md->lora && !dt__lora_param(m) && !dt__lora_saved(m, md->lora_saved) && !bias;
             if (!s->is_buffer && md->lora && !dt__lora_param(m) && !p->frozen && s->tp_dim)
                 return dt_error(DT_ERR_UNSUPPORTED, "LoRA modules_to_save: '%s' is a tensor-parallel slice (modules "
                                 "to save train without --tp)", e->name);
@@ -480,6 +484,7 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     md->frozen = bp->frozen;
     md->lora = bp->lora != NULL;
     md->lora_saved = bp->lora ? bp->lora->modules_to_save : NULL;
+    md->lora_bias = bp->lora ? bp->lora->bias : DT_LORA_BIAS_NONE;
     if (bp->lora && dt__lora_apply(root, bp->lora) < 0) {
         dt_status st = dt_last_status();
         dt_module_free(root);

@@ -104,6 +104,7 @@ struct dt_model {
     const char *const *frozen; /* dt_model_build_params.frozen (borrowed during the build) */
     bool lora;                 /* dt_model_build_params.lora: parameters outside the adapters frozen */
     const char *const *lora_saved; /* its modules_to_save (borrowed during the build): not frozen */
+    dt_lora_bias lora_bias;    /* its bias setting: those biases not frozen */
     size_t nparams_f32;     /* float (f32, bf16, f16) parameters: what a meta model binds */
     size_t nbound;          /* of them, bound by dt_model_bind_param on a meta model */
     /* one flat per role and dtype (total 0 and base NULL when unused) */

@@ -358,17 +358,17 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
             continue;
         bool found;
         const bool adapter = dt_lora_is_adapter(q->e.name);
-        if (adapters) { /* the adapters, and what trains beside them: the modules to save */
-            const bool mag = dt_lora_is_magnitude(q->e.name); /* PEFT's key: without ".weight" */
-            snprintf(name, sizeof name, "%s%.*s", adapters, (int)(strlen(q->e.name) - (mag ? 7 : 0)), q->e.name);
+        if (adapters) { /* the adapters, and what trains beside them: the modules to save, PEFT's biases */
+            const bool mag = dt_lora_is_magnitude(q->e.name);
+            dt__lora_peft_name(&q->e, name, sizeof name);
             if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
                 break;
             if (!found) {
                 st = dt_error(DT_ERR_NOT_FOUND, "%s has no tensor '%s' (the model's %s %s: %s)", ckname, name,
-                              adapter ? "adapter" : "module to save", q->e.name,
+                              adapter ? "adapter" : "trained parameter", q->e.name,
                               mag      ? "DoRA's magnitudes; adapters saved without use_dora?"
                               : adapter ? "adapters saved for other target layers?"
-                                        : "adapters saved without it in modules_to_save?");
+                                        : "adapters saved without it in modules_to_save, or another bias setting?");
                 break;
             }
             conv[i] = q->lowp && q->hi > q->lo;
@@ -660,25 +660,25 @@ static dt_status peft_keys(const dt_model *m, dt_ckpt *ck, const char *file)
         dt_status st = dt_ckpt_tensor_at(ck, i, &t);
         if (st < 0)
             return st;
-        const size_t pl = sizeof PEFT_PREFIX - 1;
         bool mag = false;
-        const bool ad = !strncmp(t.name, PEFT_PREFIX, pl) && dt__lora_peft_key(t.name, &mag);
-        char pn[1100]; /* the model's parameter: a magnitude's key + ".weight" */
-        snprintf(pn, sizeof pn, "%s%s", t.name + (strncmp(t.name, PEFT_PREFIX, pl) ? 0 : pl), mag ? ".weight" : "");
-        const int64_t k = dt_model_find_entry(m, pn);
+        char pn[1100], back[1200]; /* the model's parameter, and the key it is saved under */
+        const bool under = dt__lora_peft_param(t.name, pn, sizeof pn), ad = under && dt__lora_peft_key(t.name, &mag);
+        const int64_t k = under ? dt_model_find_entry(m, pn) : -1;
         dt_param_info e = {0};
         if (k >= 0)
             dt_model_entry(m, (size_t)k, &e);
-        if (strncmp(t.name, PEFT_PREFIX, pl) || (!ad && k < 0))
+        if (k >= 0)
+            dt__lora_peft_name(&e, back, sizeof back);
+        if (!under || (!ad && (k < 0 || strcmp(back, t.name))))
             return dt_error(DT_ERR_FORMAT, "%s: key '%s' is not a LoRA adapter as PEFT saves them ("
                             PEFT_PREFIX "<layer>.lora_A.weight / .lora_B.weight / .lora_magnitude_vector) nor a "
-                            "parameter of this model (a module to save)", file, t.name);
+                            "parameter of this model (a module to save, a bias)", file, t.name);
         if (k < 0)
             return dt_error(DT_ERR_NOT_FOUND, "%s: key '%s': the model has no adapter '%s' (its layer is not a "
                             "target here, or not in this model%s)", file, t.name, pn, mag ? ", or it has no DoRA" : "");
         if (!ad && e.is_buffer)
             return dt_error(DT_ERR_MISMATCH, "%s: key '%s' is the model's '%s', which this run does not train (not in "
-                            "modules_to_save)", file, t.name, pn);
+                            "modules_to_save, nor a bias the bias setting trains)", file, t.name, pn);
         if (!ad && e.tied_to >= 0) {
             dt_param_info src;
             char sk[1200];

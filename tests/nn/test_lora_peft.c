@@ -20,6 +20,7 @@
  *    gemma3_mm_regex): the file's layers adapted, PEFT's logits within 1e-5
  *    of the largest, patterns that do not match an adapter whole, or that
  *    the regex dialect lacks, refused by name. */
+#include "ckpt/ckpt_view.h"
 #include "model_util.h"
 #include "test.h"
 #include "peft_files.h"
@@ -116,9 +117,8 @@ static double adapters_err_of(const dt_model *m, const char *file, int want, boo
         dt_model_entry(m, i, &p);
         if ((!dt_lora_is_adapter(p.name) && p.is_buffer) || (mag && !dt_lora_is_magnitude(p.name)))
             continue; /* an adapter, or a module to save's weight (what trains beside them) */
-        char key[600];
-        const int kl = (int)(strlen(p.name) - (dt_lora_is_magnitude(p.name) ? 7 : 0)); /* PEFT's: no ".weight" */
-        snprintf(key, sizeof key, "base_model.model.%.*s", kl, p.name);
+        char key[600]; /* PEFT's: a magnitude's without ".weight", an adapted layer's bias under .base_layer */
+        dt__lora_peft_name(&p, key, sizeof key);
         const dt_st_tensor *t = dt_st_find(f, key);
         float *v = t && t->numel == p.numel ? malloc(p.numel * sizeof *v) : NULL;
         if (!v || dt_st_read(f, t, 0, p.numel * sizeof *v, v) < 0) {
@@ -371,7 +371,7 @@ TEST(bad_adapters)
          "\"layers_to_transform\": 1, \"layers_pattern\": 5}", "layers_pattern"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
          "\"rank_pattern\": {\"q_proj\": 8}}", "rank_pattern"},
-        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}",
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"some\"}",
          "bias"},
         {"[1, 2]", "not a JSON object"},
         /* a key twice: PEFT (Python's json) takes the last r, cJSON alone the first */
@@ -949,6 +949,13 @@ TEST(dora)
     peft_case(HF_GPT2, HF_GPT2 "/model.safetensors", NULL, "gpt2_dora", 18, 6, 1e-4);
 }
 
+/* PEFT's bias="all" on GPT-2 (its Conv1D layers and norms have biases): every bias trains beside the adapters on
+ * c_attn, the adapted layers' saved as PEFT names them ("...c_attn.base_layer.bias") */
+TEST(bias_all)
+{
+    peft_case(HF_GPT2, HF_GPT2 "/model.safetensors", NULL, "gpt2_bias", 17, 2, 5e-4); /* AdamW: as modules_to_save */
+}
+
 /* modules_to_save ["lm_head"] beside LoRA on q_proj and v_proj: the head trains whole as PEFT's copy of it does
  * (the losses within 1e-5 relative; the head's weights within 5e-4 of the largest: AdamW's first steps on its
  * rows of rounding-sized gradients move them by whole steps either way) */
@@ -963,6 +970,7 @@ int main(void)
     RUN(dora);
     RUN(dora_dropout_form);
     RUN(modules_to_save);
+    RUN(bias_all);
     RUN(layers_to_transform);
     RUN(all_linear);
     RUN(merged_export);

@@ -14,7 +14,7 @@
  *  - DoRA (--lora-dora) through the same paths, under ZeRO-3, and its refusals;
  *  - LoRA, DoRA and --freeze under --precision bf16;
  *  - --lora-modules-to-save (PEFT's modules_to_save), a tied head included, and its refusals;
- *  - --lora-layers-to-transform (PEFT's layers_to_transform). */
+ *  - --lora-layers-to-transform (PEFT's layers_to_transform), --lora-bias (PEFT's bias). */
 // dt-test-timeout: 600
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
@@ -475,8 +475,8 @@ TEST(dora_cli)
     char *alone[] = {GPT, "--lora-dora", "--no-eval", "--max-steps", "1", NULL};
     cli_runv(&r, 60, NULL, alone);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "--lora-dora, --lora-modules-to-save, --lora-layers-to-transform and "
-                               "--lora-layers-pattern go with --lora-targets");
+    ASSERT_STR_CONTAINS(r.err, "--lora-dora, --lora-modules-to-save, --lora-layers-to-transform, "
+                               "--lora-layers-pattern and --lora-bias go with --lora-targets");
     char *tp[] = {GPT, LORA_FLAGS, "--lora-dora", "--no-eval", "--max-steps", "1", "--tp", "2", NULL};
     cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp});
     ASSERT_EQ_INT(r.code, 2);
@@ -681,6 +681,30 @@ TEST(layers_to_transform_cli)
     ASSERT_STR_CONTAINS(r.err, "--lora-layers-pattern goes with --lora-layers-to-transform");
 }
 
+/* --lora-bias (PEFT's bias): lora_only trains the adapted layers' biases, saved as PEFT names them; the checkpoint
+ * keeps the setting (--resume with other flags refused naming it) */
+TEST(bias_cli)
+{
+    const char *ck = cli_path("b_ck"), *ad = cli_path("b_ad");
+    char *run[] = {GPT, "--lora-targets", "c_attn", "--lora-bias", "lora_only", "--no-eval", "--max-steps", "2",
+                   "--save", (char *)ck, "--save-lora", (char *)ad, NULL};
+    cli_result r;
+    cli_runv(&r, 120, NULL, run);
+    ASSERT_EQ_INT(r.code, 0);
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
+    dt_ckpt *c = NULL;
+    ASSERT_OK(dt_ckpt_open(f, &c));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), 6); /* 2 layers x (A, B, the layer's bias) */
+    ASSERT(dt_ckpt_find(c, "base_model.model.transformer.h.1.attn.c_attn.base_layer.bias") >= 0);
+    dt_ckpt_close(c);
+    char *bad[] = {GPT, "--lora-targets", "c_attn", "--no-eval", "--max-steps", "3", "--save", (char *)ck, "--resume",
+                   "auto", NULL};
+    cli_runv(&r, 120, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-dropout 0 --lora-bias lora_only");
+}
+
 int main(void)
 {
     make_tokens();
@@ -690,6 +714,7 @@ int main(void)
     RUN(frozen_bf16);
     RUN(modules_to_save_cli);
     RUN(layers_to_transform_cli);
+    RUN(bias_cli);
     RUN(save_lora_zero3);
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
