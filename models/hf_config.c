@@ -364,6 +364,62 @@ static void read_nope(cfg_reader *r, dt_llama_config *c)
     }
 }
 
+/* Keys of other mixture-of-experts models, whose blocks these are not: refused rather than ignored */
+static const char *const g_foreign_moe[] = {
+    "shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts", "moe_layer_freq",
+    "first_k_dense_replace", "topk_method", "scoring_func", "routed_scaling_factor", "n_group", "topk_group",
+    "n_routed_experts", "moe_topk", "router_bias", "expert_bias"};
+
+/* MixtralConfig's and Qwen3MoeConfig's experts: num_local_experts (or num_experts, the attribute both map to
+ * it), num_experts_per_tok, Qwen's moe_intermediate_size, norm_topk_prob, decoder_sparse_step and
+ * mlp_only_layers (Mixtral: every layer sparse, intermediate_size each expert's, the weights renormalised);
+ * what dtrain does not implement refused: the router's auxiliary loss (output_router_logits), its jitter, a
+ * Qwen3-MoE sliding window, keys of other MoE designs. */
+static void read_moe(cfg_reader *r, bool mixtral, dt_llama_config *c)
+{
+    const cJSON *o = r->root;
+    const int64_t big = INT32_MAX, L = c->num_hidden_layers;
+    const char *ek = item(o, "num_local_experts") || !item(o, "num_experts") ? "num_local_experts" : "num_experts";
+    c->num_experts = get_int(r, o, ek, mixtral ? 8 : 128, 0, 1 << 16);
+    c->num_experts_per_tok = get_int(r, o, "num_experts_per_tok", mixtral ? 2 : 8, 1, big);
+    c->moe_intermediate_size = mixtral ? c->intermediate_size : get_int(r, o, "moe_intermediate_size", 768, 1, big);
+    c->norm_topk_prob = mixtral || get_bool(r, o, "norm_topk_prob", false);
+    c->moe_mixtral_names = mixtral;
+    if (r->st >= 0 && c->num_experts > 0 && c->num_experts_per_tok > c->num_experts)
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"num_experts_per_tok\" (%lld) must be at most key \"%s\" (%lld): "
+                         "each token goes to that many distinct experts", r->path, (long long)c->num_experts_per_tok,
+                         ek, (long long)c->num_experts);
+    if (get_bool(r, o, "output_router_logits", false))
+        unsupported(r, "output_router_logits", "the router's auxiliary load-balancing loss is not implemented (false "
+                    "only: transformers then trains on the language-model loss alone)");
+    if (get_num(r, o, "router_jitter_noise", 0.0) != 0.0)
+        unsupported(r, "router_jitter_noise", "jitter on the router's input is not supported (0 only)");
+    if (!mixtral && get_bool(r, o, "use_sliding_window", false))
+        unsupported(r, "use_sliding_window", "a sliding window in a Qwen3-MoE model is not supported (false only)");
+    for (size_t i = 0; i < sizeof g_foreign_moe / sizeof g_foreign_moe[0]; i++)
+        if (item(o, g_foreign_moe[i]) && !cJSON_IsNull(item(o, g_foreign_moe[i])))
+            unsupported(r, g_foreign_moe[i], mixtral ? "not a key of MixtralForCausalLM's experts (another "
+                                                       "mixture-of-experts design): not supported"
+                                                     : "not a key of Qwen3MoeForCausalLM's experts (another "
+                                                       "mixture-of-experts design, such as Qwen2-MoE's shared "
+                                                       "expert): not supported");
+    if (mixtral || r->st < 0)
+        return;
+    const int64_t step = get_int(r, o, "decoder_sparse_step", 1, 1, big);
+    const cJSON *only = item(o, "mlp_only_layers");
+    if (only && !cJSON_IsNull(only) && !cJSON_IsArray(only) && r->st >= 0)
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"mlp_only_layers\" must be a list of layer indices", r->path);
+    for (const cJSON *e = cJSON_IsArray(only) ? only->child : NULL; e && r->st >= 0; e = e->next)
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble >= (double)L)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"mlp_only_layers\": each entry must be a layer index in [0, "
+                             "%lld)", r->path, (long long)L);
+        else if (e->valuedouble < DT_LLAMA_MAX_LAYERS)
+            c->dense_layers[(int)e->valuedouble] = 1;
+    for (int64_t i = 0; i < L && i < DT_LLAMA_MAX_LAYERS; i++) /* Qwen3MoeDecoderLayer's choice */
+        c->dense_layers[i] |= (i + 1) % step != 0;
+}
+
 static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
 {
     const cJSON *o = r->root;
@@ -374,31 +430,34 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM") || olmo3; /* OLMo 3: OLMo 2's block and sliding layers */
     const bool gemma2 = !strcmp(arch, "Gemma2ForCausalLM") || gemma3; /* Gemma 3: Gemma 2's block and more */
     const bool smollm3 = !strcmp(arch, "SmolLM3ForCausalLM"), ministral = !strcmp(arch, "MinistralForCausalLM");
+    const bool mixtral = !strcmp(arch, "MixtralForCausalLM"), qwen3moe = !strcmp(arch, "Qwen3MoeForCausalLM");
     memset(c, 0, sizeof *c);
     /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Gemma3TextConfig's,
        Phi3Config's, Olmo2Config's, SmolLM3Config's and MinistralConfig's where they differ */
     c->vocab_size = get_int(r, o, "vocab_size",
-                            gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064
+                            gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 || qwen3moe ? 151936 : phi3 ? 32064
                                 : olmo2 ? 50304 : smollm3 ? 128256 : 32000, 1, big);
-    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 ? 2048 : 4096, 1,
-                             big);
+    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 || qwen3moe ? 2048
+                                                  : 4096, 1, big);
     c->intermediate_size = get_int(r, o, "intermediate_size",
-                                   gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192 : ministral ? 14336
-                                       : 11008, 1, big);
-    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : 32, 1, big);
+                                   gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192
+                                       : ministral || mixtral ? 14336 : qwen3moe ? 6144 : 11008, 1, big);
+    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : qwen3moe ? 24
+                                                                                                       : 32, 1, big);
     c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma || smollm3 ? 16 : gemma2 ? 8 : 32, 1, big);
     c->num_key_value_heads = get_int(r, o, "num_key_value_heads",
-                                     gemma2 || smollm3 ? 4 : ministral ? 8 : c->num_attention_heads, 1, big);
+                                     gemma2 || smollm3 || qwen3moe ? 4 : ministral || mixtral ? 8
+                                         : c->num_attention_heads, 1, big);
     c->head_dim = get_int(r, o, "head_dim",
                           gemma || gemma2 ? 256 : qwen3 ? 128
                                 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
-                                         gemma3 || ministral ? 131072 : gemma || gemma2 ? 8192
-                                             : qwen3 || smollm3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
-    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 ? 1e-5 : 1e-6);
+                                         gemma3 || ministral || mixtral ? 131072 : gemma || gemma2 ? 8192
+                                             : qwen3 || smollm3 || qwen3moe ? 32768 : phi3 ? 4096 : 2048, 1, big);
+    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 || mixtral ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
-    c->rope_theta = smollm3 ? 2e6 : 10000.0; /* the configs' default_theta */
+    c->rope_theta = smollm3 ? 2e6 : mixtral ? 1e6 : 10000.0; /* the configs' default_theta */
     c->rope_type = DT_ROPE_DEFAULT;
     c->rope_factor = 1.0;
     if (phi3) { /* Phi-3.5/Phi-4-mini: RoPE on int(head_dim * partial_rotary_factor) values of each head */
@@ -421,9 +480,10 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         read_kinds_rope(r, c, olmo3);
     else
         read_rope(r, c, phi3);
-    c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
+    /* MixtralConfig has no attention_bias: transformers ignores the key */
+    c->attention_bias = qwen2 ? true : !mixtral && get_bool(r, o, "attention_bias", false);
     c->qkv_bias_only = qwen2;
-    c->qk_norm = qwen3 || gemma3;
+    c->qk_norm = qwen3 || gemma3 || qwen3moe;
     c->olmo2 = olmo2;
     c->gemma = gemma || gemma2;
     c->gemma2 = gemma2;
@@ -446,7 +506,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         c->has_pad_token = r->st >= 0;
     }
     /* theirs have no MLP biases (nor Phi-3 attention biases) */
-    c->mlp_bias = qwen2 || qwen3 || gemma || gemma2 || phi3 || olmo2 ? false : get_bool(r, o, "mlp_bias", false);
+    c->mlp_bias = qwen2 || qwen3 || gemma || gemma2 || phi3 || olmo2 || mixtral || qwen3moe
+                      ? false : get_bool(r, o, "mlp_bias", false);
     if (phi3) {
         c->attention_bias = false;
         /* Phi3Config: the dropouts act in training only (resid_pdrop after attention and MLP, embd_pdrop unused
@@ -515,7 +576,7 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
        NoPE layers, Ministral's on every layer, or on those layer_types names (LlamaConfig and MistralConfig have
        none: the key is ignored, as transformers ignores it). The layers' kinds (full_attention_layers) set each one's window in
        the forward and the cache (llama.c) and Gemma 3's RoPE base, with a window or without. */
-    const bool mistral = !strcmp(arch, "MistralForCausalLM");
+    const bool mistral = !strcmp(arch, "MistralForCausalLM") || mixtral; /* Mixtral's window: Mistral's */
     const cJSON *swv = item(o, "sliding_window");
     int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2 || smollm3 || olmo3 || ministral) ||
                          (swv && cJSON_IsNull(swv))
@@ -557,6 +618,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         }
     }
     c->sliding_window = sw;
+    if (mixtral || qwen3moe)
+        read_moe(r, mixtral, c);
 }
 
 static void read_gpt2(cfg_reader *r, dt_gpt2_config *g)
@@ -714,6 +777,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                           : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
                           : !strcmp(mt, "smollm3") ? "SmolLM3ForCausalLM" : !strcmp(mt, "olmo3") ? "Olmo3ForCausalLM"
                           : !strcmp(mt, "ministral") ? "MinistralForCausalLM"
+                          : !strcmp(mt, "mixtral") ? "MixtralForCausalLM" : !strcmp(mt, "qwen3_moe") ? "Qwen3MoeForCausalLM"
                           : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : NULL;
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = mt_arch ? mt_arch : mt;
@@ -758,7 +822,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                    !strcmp(arch, "Gemma3ForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
                    !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM") ||
                    !strcmp(arch, "SmolLM3ForCausalLM") || !strcmp(arch, "Olmo3ForCausalLM") ||
-                   !strcmp(arch, "MinistralForCausalLM")) {
+                   !strcmp(arch, "MinistralForCausalLM") || !strcmp(arch, "MixtralForCausalLM") ||
+                   !strcmp(arch, "Qwen3MoeForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -767,7 +832,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
                             "GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
-                            "MinistralForCausalLM, GPT2LMHeadModel; "
+                            "MinistralForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel; "
                             "Gemma3ForConditionalGeneration "
                             "as its language model)", path, arch);
         }

@@ -241,12 +241,15 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2"
                        : !strcmp(h->architecture, "Olmo3ForCausalLM") ? "olmo3"
                        : !strcmp(h->architecture, "SmolLM3ForCausalLM") ? "smollm3"
-                       : !strcmp(h->architecture, "MinistralForCausalLM") ? "ministral" : "llama";
+                       : !strcmp(h->architecture, "MinistralForCausalLM") ? "ministral"
+                       : !strcmp(h->architecture, "MixtralForCausalLM") ? "mixtral"
+                       : !strcmp(h->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe" : "llama";
         const bool gemma3 = !strcmp(mt, "gemma3_text"), gemma2 = !strcmp(mt, "gemma2") || gemma3;
         const bool gemma = !strcmp(mt, "gemma") || gemma2;
         const bool olmo3 = !strcmp(mt, "olmo3"), olmo2 = !strcmp(mt, "olmo2") || olmo3;
         const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
         const bool smollm3 = !strcmp(mt, "smollm3"), ministral = !strcmp(mt, "ministral");
+        const bool mixtral = !strcmp(mt, "mixtral"), qwen3moe = !strcmp(mt, "qwen3_moe");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -311,10 +314,27 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 }
             }
         }
-        if (strcmp(mt, "qwen2") && !phi3)
+        if (strcmp(mt, "qwen2") && !phi3 && !mixtral)
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
-        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3 && !olmo2)
+        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3 && !olmo2 && !mixtral && !qwen3moe)
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
+        if (mixtral || qwen3moe) { /* MixtralConfig's and Qwen3MoeConfig's experts (no auxiliary loss: hf_config.c) */
+            cJSON_AddNumberToObject(o, mixtral ? "num_local_experts" : "num_experts", (double)c->num_experts);
+            cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
+            cJSON_AddBoolToObject(o, "output_router_logits", 0);
+            cJSON_AddNumberToObject(o, "router_aux_loss_coef", 0.001);
+            if (mixtral)
+                cJSON_AddNumberToObject(o, "router_jitter_noise", 0.0);
+        }
+        if (qwen3moe) { /* the dense layers named one by one (decoder_sparse_step 1) */
+            cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);
+            cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+            cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
+            cJSON *ml = cJSON_AddArrayToObject(o, "mlp_only_layers");
+            for (int64_t i = 0; ml && i < c->num_hidden_layers && i < DT_LLAMA_MAX_LAYERS; i++)
+                if (c->dense_layers[i])
+                    cJSON_AddItemToArray(ml, cJSON_CreateNumber((double)i));
+        }
         if (phi3) { /* Phi3Config's keys (its dropouts: none in dtrain) */
             cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
             cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
@@ -330,11 +350,11 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         }
         /* layers of two kinds */
         const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2 || smollm3 || olmo3 || ministral;
-        if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || smollm3)
+        if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || smollm3 || qwen3moe)
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
-        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3 || olmo3 || ministral)
+        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3 || olmo3 || ministral || mixtral || qwen3moe)
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON *nr = smollm3 ? cJSON_AddArrayToObject(o, "no_rope_layers") : NULL; /* 1: RoPE, 0: NoPE */
         for (int64_t i = 0; nr && i < c->num_hidden_layers; i++)
@@ -357,7 +377,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                     cJSON_AddNullToObject(o, key[k]);
         }
         add_float(o, "attention_dropout", fnum((float)c->attention_dropout)); /* the model's p is a float */
-        if (!gemma && !phi3 && !granite && !olmo2 && !smollm3)
+        if (!gemma && !phi3 && !granite && !olmo2 && !smollm3 && !mixtral && !qwen3moe)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         if (granite) { /* 0: none, GraniteConfig's 1 */
             cJSON_AddNumberToObject(o, "embedding_multiplier", c->embedding_multiplier ? c->embedding_multiplier : 1);

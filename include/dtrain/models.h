@@ -304,6 +304,21 @@ typedef struct dt_llama_config {
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied
                                          head's use of the row still trains it), and which a model
                                          built from scratch starts at zero, as transformers' init */
+    /* Mixture of experts (Mixtral, Qwen3-MoE): a sparse block in place of the MLP of every layer that
+       dense_layers leaves 0. A linear router (gate.weight [E, C], no bias) scores the E experts; the
+       softmax of its logits in f32 picks each token's top num_experts_per_tok, whose probabilities
+       (renormalised to sum 1 with norm_topk_prob) weight the outputs of those experts' SwiGLU MLPs
+       (w1/gate_proj, w3/up_proj [I, C], w2/down_proj [C, I] with I moe_intermediate_size), added up.
+       Each expert runs on the tokens routed to it only. No auxiliary load-balancing loss. */
+    int64_t num_experts;              /* E; 0: no experts (every layer's MLP dense) */
+    int64_t num_experts_per_tok;      /* k, in [1, E] */
+    int64_t moe_intermediate_size;    /* each expert's I */
+    bool norm_topk_prob;              /* the k weights divided by their sum (Mixtral always) */
+    bool moe_mixtral_names;           /* Mixtral's names: block_sparse_moe.{gate, experts.N.{w1, w2, w3}};
+                                         else Qwen's: mlp.{gate, experts.N.{gate_proj, up_proj, down_proj}} */
+    uint8_t dense_layers[DT_LLAMA_MAX_LAYERS]; /* with num_experts: 1 for a layer whose MLP is the dense one
+                                         (intermediate_size; Qwen's mlp_only_layers and decoder_sparse_step),
+                                         0 for a sparse one. At most DT_LLAMA_MAX_LAYERS layers with experts */
 } dt_llama_config;
 
 /* The named configuration into *out: "llama-tiny" (for tests: V 512, C 64,
