@@ -3,9 +3,9 @@
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
  * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Gemma3ForCausalLM (and the language model of
  * Gemma3ForConditionalGeneration: its text_config), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
- * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, MinistralForCausalLM and
- * GPT2LMHeadModel; every value dtrain does not implement is refused naming the file and the key. hf.c builds the
- * model it describes. */
+ * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, MinistralForCausalLM, the mixtures of
+ * experts MixtralForCausalLM and Qwen3MoeForCausalLM (their experts' keys: read_moe), and GPT2LMHeadModel; every
+ * value dtrain does not implement is refused naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
 

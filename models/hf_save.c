@@ -322,9 +322,9 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
             cJSON_AddNumberToObject(o, mixtral ? "num_local_experts" : "num_experts", (double)c->num_experts);
             cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
             cJSON_AddBoolToObject(o, "output_router_logits", 0);
-            cJSON_AddNumberToObject(o, "router_aux_loss_coef", 0.001);
+            add_float(o, "router_aux_loss_coef", 0.001); /* (floats: MixtralConfig refuses an int 0) */
             if (mixtral)
-                cJSON_AddNumberToObject(o, "router_jitter_noise", 0.0);
+                add_float(o, "router_jitter_noise", 0.0);
         }
         if (qwen3moe) { /* the dense layers named one by one (decoder_sparse_step 1) */
             cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);

@@ -905,9 +905,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
     if (lc->num_experts > 0) { /* what the mixture-of-experts blocks (moe.c) do not implement */
         const char *no = tp ? "tensor parallelism" : c.cp.group && dt_pg_size(c.cp.group) > 1
-                                                         ? "context parallelism"
-                                                         : c.build.init == DT_INIT_TORCH ? "PyTorch's initial values"
-                                                                                         : NULL;
+                                                         ? "context parallelism" : NULL;
         if (no)
             return dt_error(DT_ERR_UNSUPPORTED, "llama: %s with mixture-of-experts layers (num_experts %lld) is not "
                             "supported", no, (long long)lc->num_experts);
@@ -1011,7 +1009,8 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     }
     if ((st = dt_model_build(root, seed, &c.build, out)) < 0)
         return st;
-    /* (mixture-of-experts layers: none; PyTorch's initial values were refused above) */
+    /* mixture-of-experts layers: no transformers order (its experts are fused in memory); PyTorch's stream then
+       draws each parameter in model order, values a model directory's weights replace */
     if (!tp && lc->num_experts == 0 && (st = torch_order(*out, lc)) < 0) { /* a tensor-parallel rank's draws are the whole model's */
         dt_model_free(*out);
         *out = NULL;

@@ -134,12 +134,15 @@ static dt_status gather_bwd(dt_ctx *ctx, const dt_tensor *g, int nin, dt_tensor 
         return DT_OK;
     const float *go = g->data;
     float *gx = gin[0]->data;
-    for (int64_t r = 0; r < p->N * p->k; r++) {
-        float *d = gx + p->tok[r] * p->C;
-        const float *s = go + r * p->C;
-        for (int64_t c = 0; c < p->C; c++)
-            d[c] += s[c];
-    }
+    /* by token (its k rows), so the tokens run in parallel */
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (p->N * p->k * p->C > (1 << 16))
+    for (int64_t n = 0; n < p->N; n++)
+        for (int64_t s = 0; s < p->k; s++) {
+            float *d = gx + n * p->C;
+            const float *src = go + p->row[n * p->k + s] * p->C;
+            for (int64_t c = 0; c < p->C; c++)
+                d[c] += src[c];
+        }
     return DT_OK;
 }
 
@@ -152,6 +155,7 @@ static dt_tensor *gather(dt_ctx *ctx, dt_tensor *x, const moe_plan *p)
         return NULL;
     const float *src = x->data;
     float *dst = xs->data;
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (p->N * p->k * p->C > (1 << 16))
     for (int64_t r = 0; r < p->N * p->k; r++)
         memcpy(dst + r * p->C, src + p->tok[r] * p->C, (size_t)p->C * sizeof(float));
     return dt_ag_custom(ctx, 1, &x, xs, gather_bwd, (void *)p);
@@ -223,6 +227,7 @@ static dt_status combine_bwd(dt_ctx *ctx, const dt_tensor *g, int nin, dt_tensor
     const combine_ud *u = ud;
     const moe_plan *p = &u->p;
     const float *go = g->data, *y = u->ys->data;
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (p->N * p->k * p->C > (1 << 16))
     for (int64_t n = 0; n < p->N; n++) {
         const float *gn = go + n * p->C;
         for (int64_t s = 0; s < p->k; s++) {
@@ -256,26 +261,21 @@ static dt_tensor *combine(dt_ctx *ctx, dt_tensor *ys, dt_tensor *w, combine_ud *
         return NULL;
     const float *src = ys->data, *wv = w->data;
     float *dst = y->data;
-    int64_t *order = dt_ctx_alloc(ctx, (size_t)p->k * sizeof *order);
-    if (!order)
-        return NULL;
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (p->N * p->k * p->C > (1 << 16))
     for (int64_t n = 0; n < p->N; n++) {
         float *d = dst + n * p->C;
+        const int64_t *rn = p->row + n * p->k;
         memset(d, 0, (size_t)p->C * sizeof(float));
-        /* the choices in ascending row order, which is ascending expert order */
-        int64_t k = 0;
-        for (int64_t s = 0; s < p->k; s++) {
-            int64_t j = k++;
-            while (j > 0 && p->row[n * p->k + order[j - 1]] > p->row[n * p->k + s]) {
-                order[j] = order[j - 1];
-                j--;
-            }
-            order[j] = s;
-        }
-        for (int64_t t = 0; t < k; t++) {
-            const int64_t s = order[t];
+        /* the choices in ascending row order, which is ascending expert order: each time the least row above
+           the last one taken (k is small) */
+        for (int64_t t = 0, last = -1; t < p->k; t++) {
+            int64_t s = -1;
+            for (int64_t q = 0; q < p->k; q++)
+                if (rn[q] > last && (s < 0 || rn[q] < rn[s]))
+                    s = q;
+            last = rn[s];
             const float wt = wv[n * p->k + s];
-            const float *yr = src + p->row[n * p->k + s] * p->C;
+            const float *yr = src + rn[s] * p->C;
             for (int64_t c = 0; c < p->C; c++) {
                 const float v = wt * yr[c]; /* rounded, then added (transformers' product, then index_add_) */
                 d[c] += v;

@@ -365,7 +365,19 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * DT_ERR_INVALID_ARG; with cp a cp rank's T/cp rows split again; not with
  * LoRA: DT_ERR_UNSUPPORTED); its
  * pipeline units then pass the rank's rows between stages (the embedding
- * unit splits them, the final norm's gathers them for the head). */
+ * unit splits them, the final norm's gathers them for the head).
+ * With lc->num_experts > 0 the layers dense_layers leaves 0 have a sparse
+ * mixture-of-experts block in place of the MLP (type
+ * "MixtralSparseMoeBlock", named block_sparse_moe, with moe_mixtral_names;
+ * else "Qwen3MoeSparseMoeBlock", named mlp): its router gate.weight [E, C]
+ * and experts.{j}.{w1, w2, w3} (Mixtral) or experts.{j}.{gate_proj,
+ * up_proj, down_proj}, each [I, C] or [C, I] (transformers 5's checkpoint
+ * names); the router and the experts' projections are not Linear modules,
+ * so LoRA refuses them as targets and "all-linear" passes them by. Tensor
+ * and context parallelism and the pipeline's units are refused with
+ * experts (DT_ERR_UNSUPPORTED); data parallelism and ZeRO 1-3 train them.
+ * PyTorch's initial values (DT_INIT_TORCH) draw each of such a model's
+ * parameters in model order, not transformers' order. */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 /* True when m is a Llama-family model of dt_llama_create; then *P = its
@@ -384,7 +396,9 @@ typedef struct dt_hf_config {
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                                "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
-                               "SmolLM3ForCausalLM", "MinistralForCausalLM" or "GPT2LMHeadModel";
+                               "SmolLM3ForCausalLM", "MinistralForCausalLM", the mixtures of experts
+                               "MixtralForCausalLM" and "Qwen3MoeForCausalLM" (dt_llama_config.num_experts),
+                               or "GPT2LMHeadModel";
                                Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
                                as its language model, "Gemma3ForCausalLM", from text_config (its
                                weights: dt_ckpt_open's view of the directory) */
