@@ -243,13 +243,15 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "SmolLM3ForCausalLM") ? "smollm3"
                        : !strcmp(h->architecture, "MinistralForCausalLM") ? "ministral"
                        : !strcmp(h->architecture, "MixtralForCausalLM") ? "mixtral"
-                       : !strcmp(h->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe" : "llama";
+                       : !strcmp(h->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe"
+                       : !strcmp(h->architecture, "Qwen2MoeForCausalLM") ? "qwen2_moe" : "llama";
         const bool gemma3 = !strcmp(mt, "gemma3_text"), gemma2 = !strcmp(mt, "gemma2") || gemma3;
         const bool gemma = !strcmp(mt, "gemma") || gemma2;
         const bool olmo3 = !strcmp(mt, "olmo3"), olmo2 = !strcmp(mt, "olmo2") || olmo3;
         const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
         const bool smollm3 = !strcmp(mt, "smollm3"), ministral = !strcmp(mt, "ministral");
-        const bool mixtral = !strcmp(mt, "mixtral"), qwen3moe = !strcmp(mt, "qwen3_moe");
+        const bool mixtral = !strcmp(mt, "mixtral"), qwen2moe = !strcmp(mt, "qwen2_moe");
+        const bool qwen3moe = !strcmp(mt, "qwen3_moe") || qwen2moe; /* the keys of Qwen's experts */
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -314,8 +316,10 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 }
             }
         }
-        if (strcmp(mt, "qwen2") && !phi3 && !mixtral)
+        if (strcmp(mt, "qwen2") && !phi3 && !mixtral && !qwen2moe)
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
+        if (qwen2moe) /* Qwen2MoeConfig's: q, k and v only */
+            cJSON_AddBoolToObject(o, "qkv_bias", c->attention_bias);
         if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3 && !olmo2 && !mixtral && !qwen3moe)
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
         if (mixtral || qwen3moe) { /* MixtralConfig's and Qwen3MoeConfig's experts (no auxiliary loss: hf_config.c) */
@@ -328,6 +332,9 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         }
         if (qwen3moe) { /* the dense layers named one by one (decoder_sparse_step 1) */
             cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);
+            if (qwen2moe)
+                cJSON_AddNumberToObject(o, "shared_expert_intermediate_size",
+                                        (double)c->shared_expert_intermediate_size);
             cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
             cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
             cJSON *ml = cJSON_AddArrayToObject(o, "mlp_only_layers");

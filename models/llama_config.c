@@ -151,6 +151,9 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
         if (lc->num_hidden_layers > DT_LLAMA_MAX_LAYERS)
             return dt_error(DT_ERR_UNSUPPORTED, "llama: %lld layers with experts (at most %d)",
                             (long long)lc->num_hidden_layers, DT_LLAMA_MAX_LAYERS);
+        if (lc->shared_expert_intermediate_size < 0 || lc->shared_expert_intermediate_size > (1ll << 31))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: shared_expert_intermediate_size %lld is outside [0, 2^31]",
+                            (long long)lc->shared_expert_intermediate_size);
         if (lc->fused || lc->gemma || lc->olmo2)
             return dt_error(DT_ERR_UNSUPPORTED, "llama: experts in a Phi-3, Gemma or OLMo 2 block are not "
                             "supported");

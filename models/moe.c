@@ -1,6 +1,7 @@
 /* Sparse mixture-of-experts MLP blocks of the Llama-family decoders
- * (Mixtral's MixtralSparseMoeBlock, Qwen3-MoE's Qwen3MoeSparseMoeBlock in
- * transformers 5), built on the public API:
+ * (Mixtral's MixtralSparseMoeBlock, Qwen3-MoE's Qwen3MoeSparseMoeBlock,
+ * Qwen2-MoE's Qwen2MoeSparseMoeBlock in transformers 5), built on the
+ * public API:
  *
  *   x [N, C] (the block's input, B T rows)
  *   p = softmax(f32(x gate^T))                           [N, E]
@@ -31,6 +32,8 @@
  * GEMMs stay in the model's dtype). The selection is the forward's data, not
  * differentiable (as torch.topk's indices); ties go to the lower expert. No
  * auxiliary load-balancing loss (hf_config.c refuses output_router_logits).
+ * Qwen2-MoE adds a shared expert (a plain SwiGLU MLP of Linear modules) on
+ * every token, times sigmoid(shared_expert_gate(x)) (a fifth op, f32).
  * Every expert runs, with no rows when none is routed to it, so that each
  * parameter's gradient lands every step (DDP's buckets wait for them). */
 #include "zoo.h"
@@ -285,6 +288,35 @@ static dt_tensor *combine(dt_ctx *ctx, dt_tensor *ys, dt_tensor *w, combine_ud *
     return dt_ag_custom(ctx, 2, (dt_tensor *[]){ys, w}, y, combine_bwd, u);
 }
 
+/* ---- sigmoid: z -> 1 / (1 + exp(-z)), f32 (Qwen2-MoE's shared expert's gate) ---- */
+
+static dt_status sigmoid_bwd(dt_ctx *ctx, const dt_tensor *g, int nin, dt_tensor **gin, void *ud)
+{
+    (void)ctx, (void)nin;
+    const dt_tensor *y = ud;
+    if (!gin[0])
+        return DT_OK;
+    const float *go = g->data, *yv = y->data;
+    float *gz = gin[0]->data;
+    for (int64_t i = 0, n = dt_tensor_numel(y); i < n; i++)
+        gz[i] = go[i] * yv[i] * (1.0f - yv[i]);
+    return DT_OK;
+}
+
+static dt_tensor *sigmoid(dt_ctx *ctx, dt_tensor *z)
+{
+    if (!z)
+        return NULL;
+    dt_tensor *y = dt_tensor_empty(ctx, DT_F32, z->ndim, z->shape);
+    if (!y)
+        return NULL;
+    const float *zv = z->data;
+    float *yv = y->data;
+    for (int64_t i = 0, n = dt_tensor_numel(z); i < n; i++)
+        yv[i] = 1.0f / (1.0f + expf(-zv[i]));
+    return dt_ag_custom(ctx, 1, &z, y, sigmoid_bwd, y);
+}
+
 /* ---- the modules ---- */
 
 /* A linear map without bias, weight [out, in] N(0, std): the router (MoeRouter) and each expert's three
@@ -357,6 +389,15 @@ static dt_tensor *block_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void
     dt_tensor *y = combine(ctx, join_all(ctx, (int)E, ys), w, u);
     if (y && x->dtype != DT_F32)
         y = dt_cast(ctx, y, x->dtype);
+    dt_module *shared = dt_module_find_child(self, "shared_expert");
+    if (shared) { /* Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x), on every token */
+        dt_tensor *z = dt_module_forward(ctx, dt_module_find_child(self, "shared_expert_gate"), xf); /* [N, 1] */
+        dt_tensor *s = dt_module_forward(ctx, shared, xf);
+        dt_tensor *gate = sigmoid(ctx, dt_contiguous(ctx, dt_cast(ctx, z, DT_F32)));
+        if (gate && s && s->dtype != DT_F32)
+            gate = dt_cast(ctx, gate, s->dtype);
+        y = dt_add(ctx, y, dt_mul(ctx, gate, s));
+    }
     return dt_reshape(ctx, y, x->ndim, x->shape);
 }
 
@@ -370,12 +411,34 @@ static bool add(dt_module *parent, const char *name, dt_module *child, bool ok)
     return dt_nn_add(parent, name, child) == DT_OK;
 }
 
+/* A Linear without bias, weight N(0, std): the shared expert's projections and its gate are nn.Linear in
+ * transformers (PEFT adapts them; "all-linear" too) */
+static dt_module *linear(int64_t in, int64_t out, float std)
+{
+    dt_module *m = dt_nn_linear(in, out, false);
+    if (m && dt_module_set_param_init(m, 0, DT_NN_INIT_NORMAL, std) < 0) {
+        dt_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static dt_tensor *shared_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    (void)ud;
+    dt_tensor *g = dt_module_forward(ctx, dt_module_child(self, 0), x);
+    dt_tensor *u = dt_module_forward(ctx, dt_module_child(self, 1), x);
+    return dt_module_forward(ctx, dt_module_child(self, 2), dt_swiglu(ctx, g, u));
+}
+
 dt_module *dt__moe_block(const dt_llama_config *c)
 {
     const int64_t C = c->hidden_size, E = c->num_experts, I = c->moe_intermediate_size;
     const float std = c->initializer_range;
     const char *const *names = c->moe_mixtral_names ? g_mixtral : g_qwen;
-    dt_module *b = dt_nn_custom(c->moe_mixtral_names ? "MixtralSparseMoeBlock" : "Qwen3MoeSparseMoeBlock", 0, NULL,
+    const int64_t S = c->shared_expert_intermediate_size;
+    dt_module *b = dt_nn_custom(c->moe_mixtral_names ? "MixtralSparseMoeBlock"
+                                : S > 0 ? "Qwen2MoeSparseMoeBlock" : "Qwen3MoeSparseMoeBlock", 0, NULL,
                                 block_forward, (void *)c);
     dt_module *ex = dt_nn_custom("MoeExperts", 0, NULL, experts_forward, NULL);
     bool ok = add(b, "gate", proj("MoeRouter", C, E, std), b && ex);
@@ -390,6 +453,14 @@ dt_module *dt__moe_block(const dt_llama_config *c)
         ok = add(ex, name, e, ok);
     }
     ok = add(b, "experts", ex, ok);
+    if (S > 0 && ok) { /* Qwen2-MoE's shared expert (Qwen2MoeMLP) and its gate, in its module order */
+        dt_module *sh = dt_nn_custom("Qwen2MoeMLP", 0, NULL, shared_forward, NULL);
+        ok = add(sh, "gate_proj", linear(C, S, std), sh != NULL);
+        ok = add(sh, "up_proj", linear(C, S, std), ok);
+        ok = add(sh, "down_proj", linear(S, C, std), ok);
+        ok = add(b, "shared_expert", sh, ok);
+        ok = add(b, "shared_expert_gate", linear(C, 1, std), ok);
+    }
     if (!ok) {
         dt_module_free(b);
         if (dt_last_status() == DT_OK)

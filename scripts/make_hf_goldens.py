@@ -73,6 +73,11 @@ with save_pretrained, and what transformers computes on fixed tokens:
                (mlp_only_layers [1], intermediate 64), the others 8 experts
                (moe_intermediate_size 16), 3 a token, norm_topk_prob false,
                q/k norms, tied head; qwen3_moe_ref.safetensors as qwen3's
+  qwen2_moe/   Qwen2MoeForCausalLM: 3 layers, the middle one sparse
+               (decoder_sparse_step 2; the others dense, intermediate 64) with
+               6 experts (16), 2 a token, norm_topk_prob true, and the shared
+               expert (24) behind its sigmoid gate; q/k/v biases, untied head;
+               qwen2_moe_ref.safetensors as qwen3's
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -118,7 +123,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig, SmolLM3Config,
                           SmolLM3ForCausalLM, Olmo3Config, Olmo3ForCausalLM, MinistralConfig,
                           MinistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+                          Qwen3MoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -490,6 +495,12 @@ moe = [("mixtral", 5117, MixtralForCausalLM,
                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                        max_position_embeddings=64, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False,
                        mlp_only_layers=[1], initializer_range=0.1, tie_word_embeddings=True, bos_token_id=1,
+                       eos_token_id=2)),
+       ("qwen2_moe", 5118, Qwen2MoeForCausalLM,
+        Qwen2MoeConfig(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                       shared_expert_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=64, num_experts=6, num_experts_per_tok=2,
+                       norm_topk_prob=True, decoder_sparse_step=2, initializer_range=0.1, bos_token_id=1,
                        eos_token_id=2))]
 for name, seed, cls, cfg in moe:
     torch.manual_seed(seed)

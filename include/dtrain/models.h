@@ -316,6 +316,10 @@ typedef struct dt_llama_config {
     bool norm_topk_prob;              /* the k weights divided by their sum (Mixtral always) */
     bool moe_mixtral_names;           /* Mixtral's names: block_sparse_moe.{gate, experts.N.{w1, w2, w3}};
                                          else Qwen's: mlp.{gate, experts.N.{gate_proj, up_proj, down_proj}} */
+    int64_t shared_expert_intermediate_size; /* > 0: Qwen2-MoE's shared expert beside the routed ones, a SwiGLU
+                                         MLP of this size (mlp.shared_expert.{gate,up,down}_proj) on every token,
+                                         its output times sigmoid(mlp.shared_expert_gate(x)) ([1, C]) added to
+                                         theirs; 0: none */
     uint8_t dense_layers[DT_LLAMA_MAX_LAYERS]; /* with num_experts: 1 for a layer whose MLP is the dense one
                                          (intermediate_size; Qwen's mlp_only_layers and decoder_sparse_step),
                                          0 for a sparse one. At most DT_LLAMA_MAX_LAYERS layers with experts */
@@ -369,7 +373,8 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * With lc->num_experts > 0 the layers dense_layers leaves 0 have a sparse
  * mixture-of-experts block in place of the MLP (type
  * "MixtralSparseMoeBlock", named block_sparse_moe, with moe_mixtral_names;
- * else "Qwen3MoeSparseMoeBlock", named mlp): its router gate.weight [E, C]
+ * else "Qwen3MoeSparseMoeBlock", or "Qwen2MoeSparseMoeBlock" with a shared
+ * expert, named mlp): its router gate.weight [E, C]
  * and experts.{j}.{w1, w2, w3} (Mixtral) or experts.{j}.{gate_proj,
  * up_proj, down_proj}, each [I, C] or [C, I] (transformers 5's checkpoint
  * names); the router and the experts' projections are not Linear modules,
@@ -397,8 +402,8 @@ typedef struct dt_hf_config {
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                                "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
                                "SmolLM3ForCausalLM", "MinistralForCausalLM", the mixtures of experts
-                               "MixtralForCausalLM" and "Qwen3MoeForCausalLM" (dt_llama_config.num_experts),
-                               or "GPT2LMHeadModel";
+                               "MixtralForCausalLM", "Qwen3MoeForCausalLM" and "Qwen2MoeForCausalLM"
+                               (dt_llama_config.num_experts), or "GPT2LMHeadModel";
                                Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
                                as its language model, "Gemma3ForCausalLM", from text_config (its
                                weights: dt_ckpt_open's view of the directory) */

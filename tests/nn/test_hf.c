@@ -372,6 +372,18 @@ TEST(qwen3_moe_parity)
     parity(HF "qwen3_moe", HF "qwen3_moe_ref.safetensors", "logits");
 }
 TEST(qwen3_moe_adamw_steps) { adamw_steps(HF "qwen3_moe", HF "qwen3_moe_ref.safetensors", 10, 1e-5); }
+/* Qwen2-MoE: its middle layer sparse (decoder_sparse_step 2), 6 experts, 2 a token, renormalised, and the shared
+ * expert behind its sigmoid gate; q/k/v biases (qkv_bias) */
+TEST(qwen2_moe_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "qwen2_moe", &h));
+    ASSERT(h.llama.num_experts == 6 && h.llama.num_experts_per_tok == 2 && h.llama.norm_topk_prob &&
+           h.llama.shared_expert_intermediate_size == 24 && h.llama.attention_bias && h.llama.qkv_bias_only);
+    ASSERT(h.llama.dense_layers[0] && !h.llama.dense_layers[1] && h.llama.dense_layers[2]);
+    parity(HF "qwen2_moe", HF "qwen2_moe_ref.safetensors", "logits");
+}
+TEST(qwen2_moe_adamw_steps) { adamw_steps(HF "qwen2_moe", HF "qwen2_moe_ref.safetensors", 10, 1e-5); }
 
 /* The mixtures of experts' bad input: each refusal names the file and the key (or the tensor) */
 static void moe_refused(const char *src, const char *edit, dt_status want, const char *says)
@@ -1017,6 +1029,8 @@ int main(void)
     RUN(mixtral_adamw_steps);
     RUN(qwen3_moe_parity);
     RUN(qwen3_moe_adamw_steps);
+    RUN(qwen2_moe_parity);
+    RUN(qwen2_moe_adamw_steps);
     RUN(moe_bad_input);
     RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);
