@@ -443,17 +443,20 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const bool qwen2moe = !strcmp(arch, "Qwen2MoeForCausalLM");
     memset(c, 0, sizeof *c);
     /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Gemma3TextConfig's,
-       Phi3Config's, Olmo2Config's, SmolLM3Config's and MinistralConfig's where they differ */
+       Phi3Config's, Olmo2Config's, SmolLM3Config's, MinistralConfig's, MixtralConfig's, Qwen3MoeConfig's and
+       Qwen2MoeConfig's where they differ */
+    const bool qmoe = qwen3moe || qwen2moe;
     c->vocab_size = get_int(r, o, "vocab_size",
-                            gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 || qwen3moe || qwen2moe ? 151936 : phi3 ? 32064
+                            gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 || qmoe ? 151936 : phi3 ? 32064
                                 : olmo2 ? 50304 : smollm3 ? 128256 : 32000, 1, big);
-    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 || qwen3moe || qwen2moe ? 2048
-                                                  : 4096, 1, big);
+    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 || qmoe ? 2048 : 4096,
+                             1, big);
     c->intermediate_size = get_int(r, o, "intermediate_size",
                                    gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192
-                                       : ministral || mixtral ? 14336 : qwen3moe ? 6144 : qwen2moe ? 5632 : 11008, 1, big);
-    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : qwen3moe || qwen2moe ? 24
-                                                                                                       : 32, 1, big);
+                                       : ministral || mixtral ? 14336 : qwen3moe ? 6144 : qwen2moe ? 5632 : 11008,
+                                   1, big);
+    c->num_hidden_layers = get_int(r, o, "num_hidden_layers",
+                                   gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : qmoe ? 24 : 32, 1, big);
     c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma || smollm3 || qwen2moe ? 16 : gemma2 ? 8 : 32,
                                      1, big);
     c->num_key_value_heads = get_int(r, o, "num_key_value_heads",
@@ -465,7 +468,7 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
                                          gemma3 || ministral || mixtral ? 131072 : gemma || gemma2 ? 8192
-                                             : qwen3 || smollm3 || qwen3moe || qwen2moe ? 32768 : phi3 ? 4096 : 2048, 1, big);
+                                             : qwen3 || smollm3 || qmoe ? 32768 : phi3 ? 4096 : 2048, 1, big);
     c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 || mixtral ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = smollm3 ? 2e6 : mixtral ? 1e6 : 10000.0; /* the configs' default_theta */
@@ -789,7 +792,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                           : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
                           : !strcmp(mt, "smollm3") ? "SmolLM3ForCausalLM" : !strcmp(mt, "olmo3") ? "Olmo3ForCausalLM"
                           : !strcmp(mt, "ministral") ? "MinistralForCausalLM"
-                          : !strcmp(mt, "mixtral") ? "MixtralForCausalLM" : !strcmp(mt, "qwen3_moe") ? "Qwen3MoeForCausalLM"
+                          : !strcmp(mt, "mixtral") ? "MixtralForCausalLM"
+                          : !strcmp(mt, "qwen3_moe") ? "Qwen3MoeForCausalLM"
                           : !strcmp(mt, "qwen2_moe") ? "Qwen2MoeForCausalLM"
                           : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : NULL;
     if (!arch && mt) /* no architectures: the model type's causal LM */

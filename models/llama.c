@@ -1009,9 +1009,10 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     }
     if ((st = dt_model_build(root, seed, &c.build, out)) < 0)
         return st;
-    /* mixture-of-experts layers: no transformers order (its experts are fused in memory); PyTorch's stream then
-       draws each parameter in model order, values a model directory's weights replace */
-    if (!tp && lc->num_experts == 0 && (st = torch_order(*out, lc)) < 0) { /* a tensor-parallel rank's draws are the whole model's */
+    /* a tensor-parallel rank's draws are the whole model's; mixture-of-experts layers: no transformers order (its
+       experts are fused in memory), PyTorch's stream then draws each parameter in model order, values a model
+       directory's weights replace */
+    if (!tp && lc->num_experts == 0 && (st = torch_order(*out, lc)) < 0) {
         dt_model_free(*out);
         *out = NULL;
         return st;
