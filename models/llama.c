@@ -300,7 +300,7 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                 y);
         q = y[0], k = y[1], v = y[2];
     }
-    if (rt->c.olmo2) { /* OLMo 2: q and k normalized over their whole projections */
+    if (rt->c.olmo2 || rt->c.whole_qk_norm) { /* OLMo 2, OLMoE: q and k normalized over their whole projections */
         q = dt_module_forward(ctx, child(self, "q_norm"), q);
         k = dt_module_forward(ctx, child(self, "k_norm"), k);
     }
@@ -650,7 +650,8 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_p
     if (c->attention_dropout > 0.0) /* keys the masks (attn_forward); none without dropout: the modules (and the
                                        random-stream state) of a model without it */
         ok = add(attn, "attn_dropout", dt_nn_dropout((float)c->attention_dropout), ok);
-    if (c->olmo2) { /* OLMo 2's over the whole projection (under tp the rank's heads' columns) */
+    if (c->olmo2 || c->whole_qk_norm) { /* OLMo 2's, OLMoE's over the whole projection (under tp the rank's heads'
+                                              columns) */
         ok = add(attn, "q_norm", whole_norm(c, rt, tp, H * hd), ok);
         ok = add(attn, "k_norm", whole_norm(c, rt, tp, KV * hd), ok);
     } else if (c->qk_norm) { /* Qwen3's and Gemma 3's over each head */

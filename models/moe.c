@@ -1,7 +1,7 @@
 /* Sparse mixture-of-experts MLP blocks of the Llama-family decoders
  * (Mixtral's MixtralSparseMoeBlock, Qwen3-MoE's Qwen3MoeSparseMoeBlock,
- * Qwen2-MoE's Qwen2MoeSparseMoeBlock in transformers 5), built on the
- * public API:
+ * Qwen2-MoE's Qwen2MoeSparseMoeBlock, OLMoE's OlmoeSparseMoeBlock in
+ * transformers 5), built on the public API:
  *
  *   x [N, C] (the block's input, B T rows)
  *   p = softmax(f32(x gate^T))                           [N, E]

@@ -78,6 +78,10 @@ with save_pretrained, and what transformers computes on fixed tokens:
                6 experts (16), 2 a token, norm_topk_prob true, and the shared
                expert (24) behind its sigmoid gate; q/k/v biases, untied head;
                qwen2_moe_ref.safetensors as qwen3's
+  olmoe/       OlmoeForCausalLM: 2 layers of 5 experts (intermediate 16), 2 a
+               token, not renormalised, q and k normalized over their whole
+               projections, GQA 4 over 2, pad_token_id null, untied head;
+               olmoe_ref.safetensors as qwen3's
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -123,7 +127,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig, SmolLM3Config,
                           SmolLM3ForCausalLM, Olmo3Config, Olmo3ForCausalLM, MinistralConfig,
                           MinistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
+                          Qwen3MoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, OlmoeConfig,
+                          OlmoeForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -501,7 +506,11 @@ moe = [("mixtral", 5117, MixtralForCausalLM,
                        shared_expert_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
                        num_key_value_heads=2, max_position_embeddings=64, num_experts=6, num_experts_per_tok=2,
                        norm_topk_prob=True, decoder_sparse_step=2, initializer_range=0.1, bos_token_id=1,
-                       eos_token_id=2))]
+                       eos_token_id=2)),
+       ("olmoe", 5119, OlmoeForCausalLM,
+        OlmoeConfig(vocab_size=V, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=64, num_experts=5, num_experts_per_tok=2,
+                    initializer_range=0.1, pad_token_id=None, bos_token_id=1, eos_token_id=2))]
 for name, seed, cls, cfg in moe:
     torch.manual_seed(seed)
     m = cls(cfg).eval()

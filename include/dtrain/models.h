@@ -258,6 +258,9 @@ typedef struct dt_llama_config {
                                          k_norm [KV hd]) before RoPE; under tensor parallelism each
                                          rank normalizes its heads by the whole rows' statistics
                                          (dt_tp_rms_norm) */
+    bool whole_qk_norm;               /* OLMoE (OlmoeForCausalLM): q and k RMS-normalized over their whole
+                                         projections (self_attn.q_norm [H hd], k_norm [KV hd]) before RoPE, as
+                                         OLMo 2's, in the Llama block (its norms before attention and MLP) */
     bool gemma;                       /* Gemma (GemmaForCausalLM, Gemma 1): the embeddings times sqrt(C) (in
                                          their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
                                          GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */
@@ -373,8 +376,9 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * With lc->num_experts > 0 the layers dense_layers leaves 0 have a sparse
  * mixture-of-experts block in place of the MLP (type
  * "MixtralSparseMoeBlock", named block_sparse_moe, with moe_mixtral_names;
- * else "Qwen3MoeSparseMoeBlock", or "Qwen2MoeSparseMoeBlock" with a shared
- * expert, named mlp): its router gate.weight [E, C]
+ * else "Qwen3MoeSparseMoeBlock" (Qwen3-MoE, OLMoE), or
+ * "Qwen2MoeSparseMoeBlock" with a shared expert, named mlp): its router
+ * gate.weight [E, C]
  * and experts.{j}.{w1, w2, w3} (Mixtral) or experts.{j}.{gate_proj,
  * up_proj, down_proj}, each [I, C] or [C, I] (transformers 5's checkpoint
  * names); the router and the experts' projections are not Linear modules,
@@ -402,8 +406,8 @@ typedef struct dt_hf_config {
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                                "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
                                "SmolLM3ForCausalLM", "MinistralForCausalLM", the mixtures of experts
-                               "MixtralForCausalLM", "Qwen3MoeForCausalLM" and "Qwen2MoeForCausalLM"
-                               (dt_llama_config.num_experts), or "GPT2LMHeadModel";
+                               "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM" and
+                               "OlmoeForCausalLM" (dt_llama_config.num_experts), or "GPT2LMHeadModel";
                                Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
                                as its language model, "Gemma3ForCausalLM", from text_config (its
                                weights: dt_ckpt_open's view of the directory) */

@@ -21,10 +21,10 @@
  * Granite (its multipliers, the attention's scale on q) and OLMo 2 (norms
  * after attention and MLP, whole-projection q and k norms) and Gemma 2 (soft
  * caps, sliding and full layers; its weights drawn large, halved) and the
- * mixtures of experts Mixtral, Qwen3-MoE and Qwen2-MoE (each token routed
- * alike in a cached step and over the whole prefix) test directories, each
- * with its weights scaled up so that its logits are far from uniform (a
- * random init's are nearly flat). */
+ * mixtures of experts Mixtral, Qwen3-MoE, Qwen2-MoE and OLMoE (each token
+ * routed alike in a cached step and over the whole prefix) test
+ * directories, each with its weights scaled up so that its logits are far
+ * from uniform (a random init's are nearly flat). */
 // dt-test-timeout: 300
 #include "../models/zoo.h"
 #include "model_util.h"
@@ -54,6 +54,7 @@ static const gen_model g_models[] = {
     {"hf:" HF "olmo2", DT_F32, 4, 0},  {"hf:" HF "gemma2", DT_F32, 0.5, 0}, {"hf:" HF "gemma3", DT_F32, 2, 0},
     {"hf:" HF "smollm3", DT_F32, 1, 0}, {"hf:" HF "olmo3", DT_F32, 4, 0}, {"hf:" HF "ministral", DT_F32, 4, 0},
     {"hf:" HF "mixtral", DT_F32, 4, 0}, {"hf:" HF "qwen3_moe", DT_F32, 4, 0}, {"hf:" HF "qwen2_moe", DT_F32, 4, 0},
+    {"hf:" HF "olmoe", DT_F32, 4, 0},
 };
 #define N_MODELS (int)(sizeof g_models / sizeof g_models[0])
 

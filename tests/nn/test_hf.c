@@ -384,6 +384,17 @@ TEST(qwen2_moe_parity)
     parity(HF "qwen2_moe", HF "qwen2_moe_ref.safetensors", "logits");
 }
 TEST(qwen2_moe_adamw_steps) { adamw_steps(HF "qwen2_moe", HF "qwen2_moe_ref.safetensors", 10, 1e-5); }
+/* OLMoE: 5 experts, 2 a token, not renormalised; q and k normalized over their whole projections in the Llama
+ * block (the norms before attention and MLP) */
+TEST(olmoe_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "olmoe", &h));
+    ASSERT(h.llama.num_experts == 5 && h.llama.num_experts_per_tok == 2 && !h.llama.norm_topk_prob &&
+           h.llama.moe_intermediate_size == 16 && h.llama.whole_qk_norm && !h.llama.olmo2 && !h.llama.has_pad_token);
+    parity(HF "olmoe", HF "olmoe_ref.safetensors", "logits");
+}
+TEST(olmoe_adamw_steps) { adamw_steps(HF "olmoe", HF "olmoe_ref.safetensors", 10, 1e-5); }
 
 /* The mixtures of experts' bad input: each refusal names the file and the key (or the tensor) */
 static void moe_refused(const char *src, const char *edit, dt_status want, const char *says)
@@ -421,6 +432,8 @@ TEST(moe_bad_input)
                 "key \"shared_expert_intermediate_size\"");
     moe_refused(HF "qwen3_moe", "sed -i 's/\"use_sliding_window\": false/\"use_sliding_window\": true/' config.json",
                 DT_ERR_UNSUPPORTED, "key \"use_sliding_window\"");
+    moe_refused(HF "olmoe", "sed -i 's/\"clip_qkv\": null/\"clip_qkv\": 8.0/' config.json", DT_ERR_UNSUPPORTED,
+                "key \"clip_qkv\"");
     moe_refused(HF "qwen3_moe", "sed -i 's/\"mlp_only_layers\": \\[/\"mlp_only_layers\": [7, /' config.json",
                 DT_ERR_FORMAT, "key \"mlp_only_layers\"");
     /* the weights: an expert's projection missing, or at another shape than the config says */
@@ -1031,6 +1044,8 @@ int main(void)
     RUN(qwen3_moe_adamw_steps);
     RUN(qwen2_moe_parity);
     RUN(qwen2_moe_adamw_steps);
+    RUN(olmoe_parity);
+    RUN(olmoe_adamw_steps);
     RUN(moe_bad_input);
     RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);

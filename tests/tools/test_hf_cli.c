@@ -18,8 +18,8 @@
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
 /* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite",
- * "olmo2", "olmo3", "smollm3", "ministral", "mixtral", "qwen3_moe", "qwen2_moe": the key "eval" of their own _ref
- * file;
+ * "olmo2", "olmo3", "smollm3", "ministral", "mixtral", "qwen3_moe", "qwen2_moe", "olmoe": the key "eval" of their
+ * own _ref file;
  * "gemma3_mm", Gemma 3's image-text model around gemma3's weights: gemma3's) */
 static double ref_loss(const char *key)
 {
@@ -31,7 +31,7 @@ static double ref_loss(const char *key)
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
         !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2") || !strcmp(key, "gemma2") ||
         !strcmp(key, "gemma3") || !strcmp(key, "smollm3") || !strcmp(key, "olmo3") || !strcmp(key, "ministral") ||
-        !strcmp(key, "mixtral") || !strcmp(key, "qwen3_moe") || !strcmp(key, "qwen2_moe")) {
+        !strcmp(key, "mixtral") || !strcmp(key, "qwen3_moe") || !strcmp(key, "qwen2_moe") || !strcmp(key, "olmoe")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -83,6 +83,7 @@ TEST(eval_json)
     eval_case("mixtral", "mixtral", "4");     /* 4 experts, 2 a token */
     eval_case("qwen3_moe", "qwen3_moe", "3"); /* 8 experts, 3 a token, a dense layer */
     eval_case("qwen2_moe", "qwen2_moe", "4"); /* a shared expert beside 6 */
+    eval_case("olmoe", "olmoe", "4");         /* whole-projection q/k norms */
     eval_case("gemma2", "gemma2", "4"); /* soft caps; sliding_window 16 = --seq */
     eval_case("gemma3", "gemma3", "4"); /* sliding_window 8 < --seq; two RoPE bases */
     eval_case("gemma3_mm", "gemma3", "4"); /* its image-text model: the language model's loss */
@@ -738,9 +739,10 @@ static void moe_refusals(const char *name, const char *expert_layer)
     ASSERT_STR_CONTAINS(r.err, "is a MoeExpertLinear, not a Linear");
 }
 
-/* Mixtral (model_type mixtral), Qwen3-MoE (qwen3_moe) and Qwen2-MoE (qwen2_moe, its shared expert): the export (the
- * experts one by one under their checkpoint names, the experts' keys; Qwen2-MoE's decoder_sparse_step 2 as the dense
- * layers' list) evaluates to the run's own loss (transformers 5.25 loads the three exports with no missing
+/* Mixtral (model_type mixtral), Qwen3-MoE (qwen3_moe), Qwen2-MoE (qwen2_moe, its shared expert) and OLMoE (olmoe):
+ * the export (the experts one by one under their checkpoint names, the experts' keys; Qwen2-MoE's
+ * decoder_sparse_step 2 as the dense layers' list) evaluates to the run's own loss (transformers 5.25 loads the
+ * four exports with no missing
  * or unexpected key and evaluates them to the same loss: checked by hand); data parallel as one process; the
  * refusals; LoRA on the attention's projections trains (the experts frozen with the rest); generation with the
  * cache and without gives transformers 5.25's greedy tokens (model.generate(5 6 7, do_sample=False,
@@ -758,6 +760,10 @@ TEST(moe_save_hf_parallel_lora_generate)
     save_hf_and_parallel("qwen2_moe",
                          (const char *const[]){"\"qwen2_moe\"", "\"shared_expert_intermediate_size\":\t24",
                                                "\"qkv_bias\":\ttrue", "\"mlp_only_layers\":\t[0, 2]", NULL},
+                         false, false);
+    save_hf_and_parallel("olmoe",
+                         (const char *const[]){"\"olmoe\"", "\"OlmoeForCausalLM\"", "\"num_experts\":\t5",
+                                               "\"clip_qkv\":\tnull", "\"pad_token_id\":\tnull", NULL},
                          false, false);
     moe_data_parallel("mixtral");
     moe_data_parallel("qwen3_moe");
@@ -784,7 +790,11 @@ TEST(moe_save_hf_parallel_lora_generate)
                                       "| 58 46 98 98 113 98 46 113 113 46 10 113 10 46 2\n"}}; /* its stop token */
     generate_goldens("mixtral", mx, 1);
     generate_goldens("qwen3_moe", qm, 1);
+    static const gen_golden oe[1] = {{"5,6,7", {"--max-new-tokens", "30", "--no-repeat-ngram-size", "2"},
+                                      "| 47 127 127 61 127 22 61 61 40 78 40 12 40 122 69 104 117 57 87 15 24 122 83 "
+                                      "57 124 104 47 2\n"}};
     generate_goldens("qwen2_moe", q2, 1);
+    generate_goldens("olmoe", oe, 1);
 }
 
 /* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
