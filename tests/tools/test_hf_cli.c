@@ -782,6 +782,18 @@ TEST(moe_save_hf_parallel_lora_generate)
     moe_data_parallel("qwen3_moe");
     moe_refusals("mixtral", "w1");
     moe_refusals("qwen3_moe", "q_proj,gate_proj");
+    /* bad directories: train and eval refuse them, exit 2, naming the file and the key or the tensor */
+    bad_case_of("mixtral", "moe_k", "sed -i 's/\"num_experts_per_tok\": 2/\"num_experts_per_tok\": 5/' config.json",
+                "config.json", "key \"num_experts_per_tok\" (5) must be at most key \"num_local_experts\" (4)");
+    bad_case_of("mixtral", "moe_aux", "sed -i 's/\"output_router_logits\": false/\"output_router_logits\": true/' "
+                "config.json", "config.json", "key \"output_router_logits\"");
+    bad_case_of("qwen3_moe", "moe_foreign", "sed -i 's/\"norm_topk_prob\": false,/\"norm_topk_prob\": false, "
+                "\"n_shared_experts\": 1,/' config.json", "config.json", "key \"n_shared_experts\"");
+    bad_case_of("mixtral", "moe_shape", "sed -i 's/\"intermediate_size\": 48/\"intermediate_size\": 40/' config.json",
+                "config.json", "'model.layers.0.block_sparse_moe.experts.0.w1.weight' as [40,32]");
+    bad_case_of("mixtral", "moe_missing", "sed -i 's/layers.1.block_sparse_moe.experts.3.w2/"
+                "layers.1.block_sparse_moe.experts.3.w9/' model.safetensors", "moe_missing",
+                "no tensor 'model.layers.1.block_sparse_moe.experts.3.w2.weight'");
     cli_result r;
     cli_runv(&r, 120, NULL,
              (char *[]){"train", "--model", "hf:" HF "mixtral", "--data", "tokens:" HF "tokens.bin", "--val-data",
