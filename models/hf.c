@@ -3,7 +3,8 @@
  * Llama-family decoder (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
  * Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (also
  * Gemma3ForConditionalGeneration's language model), Phi3ForCausalLM,
- * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, MinistralForCausalLM) or
+ * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, MinistralForCausalLM, the
+ * mixtures of experts MixtralForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM and OlmoeForCausalLM) or
  * GPT-2 (GPT2LMHeadModel) it describes, initialised from the seed, and checks that the weights in DIR
  * (model.safetensors or the shards of model.safetensors.index.json; read
  * through dt_ckpt_open) agree with the configuration's vocabulary, width and

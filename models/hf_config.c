@@ -3,9 +3,10 @@
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
  * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Gemma3ForCausalLM (and the language model of
  * Gemma3ForConditionalGeneration: its text_config), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
- * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, MinistralForCausalLM and
- * GPT2LMHeadModel; every value dtrain does not implement is refused naming the file and the key. hf.c builds the
- * model it describes. */
+ * GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, MinistralForCausalLM, the mixtures of
+ * experts MixtralForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM and OlmoeForCausalLM (their experts' keys:
+ * read_moe), and GPT2LMHeadModel; every value dtrain does not implement is refused naming the file and the key. hf.c
+ * builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
 
@@ -364,6 +365,80 @@ static void read_nope(cfg_reader *r, dt_llama_config *c)
     }
 }
 
+/* Keys of other mixture-of-experts models, whose blocks these are not: refused rather than ignored */
+static const char *const g_foreign_moe[] = {
+    "shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts", "moe_layer_freq",
+    "first_k_dense_replace", "topk_method", "scoring_func", "routed_scaling_factor", "n_group", "topk_group",
+    "n_routed_experts", "moe_topk", "router_bias", "expert_bias"};
+
+/* MixtralConfig's, Qwen3MoeConfig's, Qwen2MoeConfig's and OlmoeConfig's experts: num_local_experts or
+ * num_experts (one attribute maps to the other), num_experts_per_tok, norm_topk_prob, Qwen's moe_intermediate_size,
+ * decoder_sparse_step and mlp_only_layers, Qwen2-MoE's shared_expert_intermediate_size (Mixtral and OLMoE: every
+ * layer sparse, intermediate_size each expert's; Mixtral's weights renormalised); OLMoE's clip_qkv and
+ * sliding_window refused;
+ * what dtrain does not implement refused: the router's auxiliary loss (output_router_logits), its jitter, a
+ * Qwen3-MoE sliding window, keys of other MoE designs. */
+static void read_moe(cfg_reader *r, const char *arch, dt_llama_config *c)
+{
+    const bool mixtral = !strcmp(arch, "MixtralForCausalLM"), qwen2moe = !strcmp(arch, "Qwen2MoeForCausalLM");
+    const bool olmoe = !strcmp(arch, "OlmoeForCausalLM");
+    const cJSON *o = r->root;
+    const int64_t big = INT32_MAX, L = c->num_hidden_layers;
+    const char *ek = item(o, "num_local_experts") || !item(o, "num_experts") ? "num_local_experts" : "num_experts";
+    c->num_experts = get_int(r, o, ek, mixtral ? 8 : qwen2moe ? 60 : olmoe ? 64 : 128, 0, 1 << 16);
+    c->num_experts_per_tok = get_int(r, o, "num_experts_per_tok", mixtral ? 2 : qwen2moe ? 4 : 8, 1, big);
+    c->moe_intermediate_size = mixtral || olmoe ? c->intermediate_size /* OLMoE's experts: intermediate_size */
+                                                : get_int(r, o, "moe_intermediate_size", qwen2moe ? 1408 : 768, 1, big);
+    if (qwen2moe)
+        c->shared_expert_intermediate_size = get_int(r, o, "shared_expert_intermediate_size", 5632, 1, big);
+    c->norm_topk_prob = mixtral || get_bool(r, o, "norm_topk_prob", false);
+    c->moe_mixtral_names = mixtral;
+    if (r->st >= 0 && c->num_experts > 0 && c->num_experts_per_tok > c->num_experts)
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"num_experts_per_tok\" (%lld) must be at most key \"%s\" (%lld): "
+                         "each token goes to that many distinct experts", r->path, (long long)c->num_experts_per_tok,
+                         ek, (long long)c->num_experts);
+    if (get_bool(r, o, "output_router_logits", false))
+        unsupported(r, "output_router_logits", "the router's auxiliary load-balancing loss is not implemented (false "
+                    "only: transformers then trains on the language-model loss alone)");
+    if (get_num(r, o, "router_jitter_noise", 0.0) != 0.0)
+        unsupported(r, "router_jitter_noise", "jitter on the router's input is not supported (0 only)");
+    if (!mixtral && !olmoe && get_bool(r, o, "use_sliding_window", false))
+        unsupported(r, "use_sliding_window", "a sliding window in a Qwen3-MoE or Qwen2-MoE model is not supported "
+                    "(false only)");
+    if (olmoe && item(o, "sliding_window") && !cJSON_IsNull(item(o, "sliding_window")))
+        unsupported(r, "sliding_window", "a sliding window in an OLMoE model is not supported (null only)");
+    if (olmoe && item(o, "clip_qkv") && !cJSON_IsNull(item(o, "clip_qkv")))
+        unsupported(r, "clip_qkv", "clipping q, k and v is not supported (null only)");
+    if (olmoe && r->st >= 0 && c->num_attention_heads * c->head_dim != c->hidden_size) /* q_norm's [C] on [H hd] */
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"head_dim\" (%lld) times num_attention_heads (%lld) must be "
+                         "hidden_size (%lld): OLMoE normalizes q over hidden_size values", r->path,
+                         (long long)c->head_dim, (long long)c->num_attention_heads, (long long)c->hidden_size);
+    for (size_t i = 0; i < sizeof g_foreign_moe / sizeof g_foreign_moe[0]; i++)
+        if (item(o, g_foreign_moe[i]) && !cJSON_IsNull(item(o, g_foreign_moe[i])) &&
+            !(qwen2moe && !strcmp(g_foreign_moe[i], "shared_expert_intermediate_size")))
+            unsupported(r, g_foreign_moe[i], !strcmp(arch, "Qwen3MoeForCausalLM")
+                                                 ? "not a key of Qwen3MoeForCausalLM's experts (another "
+                                                   "mixture-of-experts design, such as Qwen2-MoE's shared expert): "
+                                                   "not supported"
+                                                 : "not a key of this model's experts (another mixture-of-experts "
+                                                   "design): not supported");
+    if (mixtral || olmoe || r->st < 0) /* every layer sparse */
+        return;
+    const int64_t step = get_int(r, o, "decoder_sparse_step", 1, 1, big);
+    const cJSON *only = item(o, "mlp_only_layers");
+    if (only && !cJSON_IsNull(only) && !cJSON_IsArray(only) && r->st >= 0)
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"mlp_only_layers\" must be a list of layer indices", r->path);
+    for (const cJSON *e = cJSON_IsArray(only) ? only->child : NULL; e && r->st >= 0; e = e->next)
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble >= (double)L)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"mlp_only_layers\": each entry must be a layer index in [0, "
+                             "%lld)", r->path, (long long)L);
+        else if (e->valuedouble < DT_LLAMA_MAX_LAYERS)
+            c->dense_layers[(int)e->valuedouble] = 1;
+    for (int64_t i = 0; i < L && i < DT_LLAMA_MAX_LAYERS; i++) /* Qwen3MoeDecoderLayer's choice */
+        c->dense_layers[i] |= (i + 1) % step != 0;
+}
+
 static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
 {
     const cJSON *o = r->root;
@@ -374,31 +449,41 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM") || olmo3; /* OLMo 3: OLMo 2's block and sliding layers */
     const bool gemma2 = !strcmp(arch, "Gemma2ForCausalLM") || gemma3; /* Gemma 3: Gemma 2's block and more */
     const bool smollm3 = !strcmp(arch, "SmolLM3ForCausalLM"), ministral = !strcmp(arch, "MinistralForCausalLM");
+    const bool mixtral = !strcmp(arch, "MixtralForCausalLM"), qwen3moe = !strcmp(arch, "Qwen3MoeForCausalLM");
+    const bool qwen2moe = !strcmp(arch, "Qwen2MoeForCausalLM"), olmoe = !strcmp(arch, "OlmoeForCausalLM");
     memset(c, 0, sizeof *c);
     /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Gemma2Config's, Gemma3TextConfig's,
-       Phi3Config's, Olmo2Config's, SmolLM3Config's and MinistralConfig's where they differ */
+       Phi3Config's, Olmo2Config's, SmolLM3Config's, MinistralConfig's, MixtralConfig's, Qwen3MoeConfig's and
+       Qwen2MoeConfig's where they differ */
+    const bool qmoe = qwen3moe || qwen2moe;
     c->vocab_size = get_int(r, o, "vocab_size",
-                            gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064
-                                : olmo2 ? 50304 : smollm3 ? 128256 : 32000, 1, big);
-    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 ? 2048 : 4096, 1,
-                             big);
+                            gemma3 ? 262208 : gemma || gemma2 ? 256000 : qwen3 || qmoe ? 151936 : phi3 ? 32064
+                                : olmo2 || olmoe ? 50304 : smollm3 ? 128256 : 32000, 1, big);
+    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : smollm3 || qmoe ? 2048 : 4096,
+                             1, big);
     c->intermediate_size = get_int(r, o, "intermediate_size",
-                                   gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192 : ministral ? 14336
-                                       : 11008, 1, big);
-    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : 32, 1, big);
-    c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma || smollm3 ? 16 : gemma2 ? 8 : 32, 1, big);
+                                   gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192
+                                       : ministral || mixtral ? 14336 : qwen3moe ? 6144 : qwen2moe ? 5632
+                                       : olmoe ? 2048 : 11008,
+                                   1, big);
+    c->num_hidden_layers = get_int(r, o, "num_hidden_layers",
+                                   gemma ? 28 : gemma2 ? 26 : smollm3 ? 36 : qmoe ? 24 : olmoe ? 16 : 32, 1, big);
+    c->num_attention_heads = get_int(r, o, "num_attention_heads",
+                                     gemma || smollm3 || qwen2moe || olmoe ? 16 : gemma2 ? 8 : 32, 1, big);
     c->num_key_value_heads = get_int(r, o, "num_key_value_heads",
-                                     gemma2 || smollm3 ? 4 : ministral ? 8 : c->num_attention_heads, 1, big);
+                                     gemma2 || smollm3 || qwen3moe ? 4 : ministral || mixtral ? 8
+                                         : c->num_attention_heads, 1, big);
     c->head_dim = get_int(r, o, "head_dim",
                           gemma || gemma2 ? 256 : qwen3 ? 128
                                 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
-                                         gemma3 || ministral ? 131072 : gemma || gemma2 ? 8192
-                                             : qwen3 || smollm3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
-    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 ? 1e-5 : 1e-6);
+                                         gemma3 || ministral || mixtral ? 131072 : gemma || gemma2 ? 8192
+                                             : qwen3 || smollm3 || qmoe ? 32768 : phi3 || olmoe ? 4096 : 2048,
+                                         1, big);
+    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 || mixtral || olmoe ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
-    c->rope_theta = smollm3 ? 2e6 : 10000.0; /* the configs' default_theta */
+    c->rope_theta = smollm3 ? 2e6 : mixtral ? 1e6 : 10000.0; /* the configs' default_theta */
     c->rope_type = DT_ROPE_DEFAULT;
     c->rope_factor = 1.0;
     if (phi3) { /* Phi-3.5/Phi-4-mini: RoPE on int(head_dim * partial_rotary_factor) values of each head */
@@ -421,24 +506,28 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         read_kinds_rope(r, c, olmo3);
     else
         read_rope(r, c, phi3);
-    c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
-    c->qkv_bias_only = qwen2;
-    c->qk_norm = qwen3 || gemma3;
+    /* MixtralConfig has no attention_bias: transformers ignores the key */
+    c->attention_bias = qwen2 ? true : qwen2moe ? get_bool(r, o, "qkv_bias", true) /* Qwen2MoeConfig's key */
+                        : !mixtral && get_bool(r, o, "attention_bias", false);
+    c->qkv_bias_only = qwen2 || qwen2moe;
+    c->qk_norm = qwen3 || gemma3 || qwen3moe;
     c->olmo2 = olmo2;
+    c->whole_qk_norm = olmoe;
     c->gemma = gemma || gemma2;
     c->gemma2 = gemma2;
     c->fused = phi3;
     const cJSON *pad = item(o, "pad_token_id");
-    if ((gemma || gemma2 || phi3 || olmo2 || smollm3) && !pad) { /* Gemma(2, 3)Config's pad_token_id 0,
-                                                                    Phi3Config's 32000, Olmo2Config's 1,
-                                                                    SmolLM3Config's 128004 */
-        c->pad_token_id = gemma || gemma2 ? 0 : olmo2 ? 1 : smollm3 ? 128004 : 32000;
+    if ((gemma || gemma2 || phi3 || olmo2 || smollm3 || olmoe) && !pad) { /* Gemma(2, 3)Config's pad_token_id 0,
+                                                                    Phi3Config's 32000, Olmo2Config's and
+                                                                    OlmoeConfig's 1, SmolLM3Config's 128004 */
+        c->pad_token_id = gemma || gemma2 ? 0 : olmo2 || olmoe ? 1 : smollm3 ? 128004 : 32000;
         c->has_pad_token = c->pad_token_id < c->vocab_size;
         if (!c->has_pad_token)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: %s's default %lld is outside the "
                              "vocabulary (vocab_size %lld); give it (null for none)", r->path,
                              gemma ? "GemmaConfig" : gemma3 ? "Gemma3TextConfig" : gemma2 ? "Gemma2Config"
                              : olmo3 ? "Olmo3Config" : olmo2 ? "Olmo2Config" : smollm3 ? "SmolLM3Config"
+                             : olmoe ? "OlmoeConfig"
                              : "Phi3Config",
                              (long long)c->pad_token_id, (long long)c->vocab_size);
     } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
@@ -446,7 +535,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         c->has_pad_token = r->st >= 0;
     }
     /* theirs have no MLP biases (nor Phi-3 attention biases) */
-    c->mlp_bias = qwen2 || qwen3 || gemma || gemma2 || phi3 || olmo2 ? false : get_bool(r, o, "mlp_bias", false);
+    c->mlp_bias = qwen2 || qwen3 || gemma || gemma2 || phi3 || olmo2 || mixtral || qwen3moe || qwen2moe || olmoe
+                      ? false : get_bool(r, o, "mlp_bias", false);
     if (phi3) {
         c->attention_bias = false;
         /* Phi3Config: the dropouts act in training only (resid_pdrop after attention and MLP, embd_pdrop unused
@@ -515,7 +605,7 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
        NoPE layers, Ministral's on every layer, or on those layer_types names (LlamaConfig and MistralConfig have
        none: the key is ignored, as transformers ignores it). The layers' kinds (full_attention_layers) set each one's window in
        the forward and the cache (llama.c) and Gemma 3's RoPE base, with a window or without. */
-    const bool mistral = !strcmp(arch, "MistralForCausalLM");
+    const bool mistral = !strcmp(arch, "MistralForCausalLM") || mixtral; /* Mixtral's window: Mistral's */
     const cJSON *swv = item(o, "sliding_window");
     int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2 || smollm3 || olmo3 || ministral) ||
                          (swv && cJSON_IsNull(swv))
@@ -557,6 +647,8 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         }
     }
     c->sliding_window = sw;
+    if (mixtral || qwen3moe || qwen2moe || olmoe)
+        read_moe(r, arch, c);
 }
 
 static void read_gpt2(cfg_reader *r, dt_gpt2_config *g)
@@ -714,6 +806,9 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                           : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
                           : !strcmp(mt, "smollm3") ? "SmolLM3ForCausalLM" : !strcmp(mt, "olmo3") ? "Olmo3ForCausalLM"
                           : !strcmp(mt, "ministral") ? "MinistralForCausalLM"
+                          : !strcmp(mt, "mixtral") ? "MixtralForCausalLM"
+                          : !strcmp(mt, "qwen3_moe") ? "Qwen3MoeForCausalLM"
+                          : !strcmp(mt, "qwen2_moe") ? "Qwen2MoeForCausalLM" : !strcmp(mt, "olmoe") ? "OlmoeForCausalLM"
                           : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : NULL;
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = mt_arch ? mt_arch : mt;
@@ -758,7 +853,9 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                    !strcmp(arch, "Gemma3ForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
                    !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM") ||
                    !strcmp(arch, "SmolLM3ForCausalLM") || !strcmp(arch, "Olmo3ForCausalLM") ||
-                   !strcmp(arch, "MinistralForCausalLM")) {
+                   !strcmp(arch, "MinistralForCausalLM") || !strcmp(arch, "MixtralForCausalLM") ||
+                   !strcmp(arch, "Qwen3MoeForCausalLM") || !strcmp(arch, "Qwen2MoeForCausalLM") ||
+                   !strcmp(arch, "OlmoeForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -767,7 +864,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
                             "GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
-                            "MinistralForCausalLM, GPT2LMHeadModel; "
+                            "MinistralForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, "
+                            "OlmoeForCausalLM, GPT2LMHeadModel; "
                             "Gemma3ForConditionalGeneration "
                             "as its language model)", path, arch);
         }

@@ -241,12 +241,19 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2"
                        : !strcmp(h->architecture, "Olmo3ForCausalLM") ? "olmo3"
                        : !strcmp(h->architecture, "SmolLM3ForCausalLM") ? "smollm3"
-                       : !strcmp(h->architecture, "MinistralForCausalLM") ? "ministral" : "llama";
+                       : !strcmp(h->architecture, "MinistralForCausalLM") ? "ministral"
+                       : !strcmp(h->architecture, "MixtralForCausalLM") ? "mixtral"
+                       : !strcmp(h->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe"
+                       : !strcmp(h->architecture, "Qwen2MoeForCausalLM") ? "qwen2_moe"
+                       : !strcmp(h->architecture, "OlmoeForCausalLM") ? "olmoe" : "llama";
         const bool gemma3 = !strcmp(mt, "gemma3_text"), gemma2 = !strcmp(mt, "gemma2") || gemma3;
         const bool gemma = !strcmp(mt, "gemma") || gemma2;
         const bool olmo3 = !strcmp(mt, "olmo3"), olmo2 = !strcmp(mt, "olmo2") || olmo3;
         const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
         const bool smollm3 = !strcmp(mt, "smollm3"), ministral = !strcmp(mt, "ministral");
+        const bool mixtral = !strcmp(mt, "mixtral"), qwen2moe = !strcmp(mt, "qwen2_moe");
+        const bool qwen3moe = !strcmp(mt, "qwen3_moe") || qwen2moe; /* the keys of Qwen's experts */
+        const bool olmoe = !strcmp(mt, "olmoe");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -311,10 +318,36 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 }
             }
         }
-        if (strcmp(mt, "qwen2") && !phi3)
+        if (strcmp(mt, "qwen2") && !phi3 && !mixtral && !qwen2moe)
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
-        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3 && !olmo2)
+        if (qwen2moe) /* Qwen2MoeConfig's: q, k and v only */
+            cJSON_AddBoolToObject(o, "qkv_bias", c->attention_bias);
+        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3 && !olmo2 && !mixtral && !qwen3moe && !olmoe)
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
+        if (mixtral || qwen3moe || olmoe) { /* the configs' experts (no auxiliary loss: hf_config.c) */
+            cJSON_AddNumberToObject(o, mixtral ? "num_local_experts" : "num_experts", (double)c->num_experts);
+            cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
+            cJSON_AddBoolToObject(o, "output_router_logits", 0);
+            add_float(o, "router_aux_loss_coef", olmoe ? 0.01 : 0.001); /* (floats: MixtralConfig refuses an int 0) */
+            if (mixtral)
+                add_float(o, "router_jitter_noise", 0.0);
+            if (olmoe) {
+                cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+                cJSON_AddNullToObject(o, "clip_qkv");
+            }
+        }
+        if (qwen3moe) { /* the dense layers named one by one (decoder_sparse_step 1) */
+            cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);
+            if (qwen2moe)
+                cJSON_AddNumberToObject(o, "shared_expert_intermediate_size",
+                                        (double)c->shared_expert_intermediate_size);
+            cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+            cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
+            cJSON *ml = cJSON_AddArrayToObject(o, "mlp_only_layers");
+            for (int64_t i = 0; ml && i < c->num_hidden_layers && i < DT_LLAMA_MAX_LAYERS; i++)
+                if (c->dense_layers[i])
+                    cJSON_AddItemToArray(ml, cJSON_CreateNumber((double)i));
+        }
         if (phi3) { /* Phi3Config's keys (its dropouts: none in dtrain) */
             cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
             cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
@@ -330,11 +363,11 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         }
         /* layers of two kinds */
         const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2 || smollm3 || olmo3 || ministral;
-        if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || smollm3)
+        if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || smollm3 || qwen3moe)
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
-        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3 || olmo3 || ministral)
+        else if (!strcmp(mt, "mistral") || phi3 || gemma2 || smollm3 || olmo3 || ministral || mixtral || qwen3moe)
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON *nr = smollm3 ? cJSON_AddArrayToObject(o, "no_rope_layers") : NULL; /* 1: RoPE, 0: NoPE */
         for (int64_t i = 0; nr && i < c->num_hidden_layers; i++)
@@ -357,7 +390,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                     cJSON_AddNullToObject(o, key[k]);
         }
         add_float(o, "attention_dropout", fnum((float)c->attention_dropout)); /* the model's p is a float */
-        if (!gemma && !phi3 && !granite && !olmo2 && !smollm3)
+        if (!gemma && !phi3 && !granite && !olmo2 && !smollm3 && !mixtral && !qwen3moe && !olmoe)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         if (granite) { /* 0: none, GraniteConfig's 1 */
             cJSON_AddNumberToObject(o, "embedding_multiplier", c->embedding_multiplier ? c->embedding_multiplier : 1);
@@ -368,9 +401,9 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
-        else if (gemma || phi3 || olmo2 || smollm3) /* Gemma(2)Config's default is 0, Phi3Config's 32000,
-                                                        Olmo2Config's and Olmo3Config's 1, SmolLM3Config's
-                                                        128004 */
+        else if (gemma || phi3 || olmo2 || smollm3 || olmoe) /* Gemma(2)Config's default is 0, Phi3Config's 32000,
+                                                                 Olmo2Config's, Olmo3Config's and OlmoeConfig's 1,
+                                                                 SmolLM3Config's 128004 */
             cJSON_AddNullToObject(o, "pad_token_id");
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);

@@ -300,7 +300,7 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                 y);
         q = y[0], k = y[1], v = y[2];
     }
-    if (rt->c.olmo2) { /* OLMo 2: q and k normalized over their whole projections */
+    if (rt->c.olmo2 || rt->c.whole_qk_norm) { /* OLMo 2, OLMoE: q and k normalized over their whole projections */
         q = dt_module_forward(ctx, child(self, "q_norm"), q);
         k = dt_module_forward(ctx, child(self, "k_norm"), k);
     }
@@ -431,6 +431,13 @@ static dt_tensor *logits_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x)
     return x && rt->c.logits_scaling != 0.0 ? dt_scale(ctx, x, (float)(1.0 / rt->c.logits_scaling)) : x;
 }
 
+/* The layer's MLP: its dense one, or its mixture-of-experts block (Mixtral names it block_sparse_moe) */
+static dt_module *mlp_of(dt_module *layer)
+{
+    dt_module *m = child(layer, "mlp");
+    return m ? m : child(layer, "block_sparse_moe");
+}
+
 /* ud: the runtime config (borrowed from the root) */
 static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
@@ -452,7 +459,7 @@ static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void
     dt_tensor *a = dt_module_forward(ctx, child(self, "self_attn"),
                                      norm_fwd(ctx, rt, child(self, "input_layernorm"), x));
     dt_tensor *h = dt_add(ctx, x, residual_scale(ctx, rt, a));
-    dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"),
+    dt_tensor *m = dt_module_forward(ctx, mlp_of(self),
                                      norm_fwd(ctx, rt, child(self, "post_attention_layernorm"), h));
     return dt_add(ctx, h, residual_scale(ctx, rt, m));
 }
@@ -617,7 +624,7 @@ static dt_module *whole_norm(const dt_llama_config *c, llama_rt *rt, dt_pg *tp, 
     return m;
 }
 
-static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_pg *tp)
+static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_pg *tp, bool moe)
 {
     const int64_t C = c->hidden_size, hd = c->head_dim, H = c->num_attention_heads, KV = c->num_key_value_heads;
     const int64_t I = c->intermediate_size;
@@ -625,7 +632,8 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_p
     const bool ab = c->attention_bias, ob = c->attention_bias && !c->qkv_bias_only, mb = c->mlp_bias;
     dt_module *b = dt_nn_custom("LlamaDecoderLayer", 0, NULL, layer_forward, rt);
     dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, a);
-    dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, rt);
+    /* a mixture-of-experts block in place of the MLP (moe.c; c is rt's, which outlives the modules) */
+    dt_module *mlp = moe ? dt__moe_block(c) : dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, rt);
     bool ok = b && attn && mlp;
     if (c->fused) { /* Phi-3, in Phi3Attention's and Phi3MLP's order (o_proj first) */
         const int64_t qkv[3] = {H * hd, KV * hd, KV * hd}, gu[2] = {I, I};
@@ -642,21 +650,22 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_p
     if (c->attention_dropout > 0.0) /* keys the masks (attn_forward); none without dropout: the modules (and the
                                        random-stream state) of a model without it */
         ok = add(attn, "attn_dropout", dt_nn_dropout((float)c->attention_dropout), ok);
-    if (c->olmo2) { /* OLMo 2's over the whole projection (under tp the rank's heads' columns) */
+    if (c->olmo2 || c->whole_qk_norm) { /* OLMo 2's, OLMoE's over the whole projection (under tp the rank's heads'
+                                              columns) */
         ok = add(attn, "q_norm", whole_norm(c, rt, tp, H * hd), ok);
         ok = add(attn, "k_norm", whole_norm(c, rt, tp, KV * hd), ok);
     } else if (c->qk_norm) { /* Qwen3's and Gemma 3's over each head */
         ok = add(attn, "q_norm", make_norm(c, rt, hd), ok);
         ok = add(attn, "k_norm", make_norm(c, rt, hd), ok);
     }
-    if (!c->fused) {
+    if (!c->fused && !moe) {
         ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
         ok = add(mlp, "up_proj", proj(tp, C, I, mb, std, true), ok);
         ok = add(mlp, "down_proj", proj(tp, I, C, mb, std, false), ok);
     }
     ok = add(b, "self_attn", attn, ok);
     attn = NULL;
-    ok = add(b, "mlp", mlp, ok);
+    ok = add(b, moe && c->moe_mixtral_names ? "block_sparse_moe" : "mlp", mlp, ok);
     mlp = NULL;
     if (!c->olmo2)
         ok = add(b, "input_layernorm", make_norm(c, rt, C), ok);
@@ -672,6 +681,12 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_p
         return NULL;
     }
     return b;
+}
+
+/* Whether layer i's MLP is a mixture-of-experts block */
+static bool moe_layer(const dt_llama_config *c, int64_t i)
+{
+    return c->num_experts > 0 && !(i < DT_LLAMA_MAX_LAYERS && c->dense_layers[i]);
 }
 
 bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
@@ -776,6 +791,10 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
     if (!emb || !ls || !norm || !head || !dt_llama_positions(m, &T, &V))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a LlamaForCausalLM without model.embed_tokens, "
                         "model.layers, model.norm or lm_head");
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    if (rt && rt->c.num_experts > 0)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipeline parallelism with mixture-of-experts layers (num_experts %lld) "
+                        "is not supported", (long long)rt->c.num_experts);
     int L = dt_module_num_children(ls), k = 0;
     dt_pipe_unit *u = dt_calloc((size_t)(L + 3) * sizeof *u);
     if (!u)
@@ -885,6 +904,13 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (!(c.dropout >= 0.0f && c.dropout < 1.0f))
         return dt_error(DT_ERR_INVALID_ARG, "llama: dropout %g is outside [0, 1)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
+    if (lc->num_experts > 0) { /* what the mixture-of-experts blocks (moe.c) do not implement */
+        const char *no = tp ? "tensor parallelism" : c.cp.group && dt_pg_size(c.cp.group) > 1
+                                                         ? "context parallelism" : NULL;
+        if (no)
+            return dt_error(DT_ERR_UNSUPPORTED, "llama: %s with mixture-of-experts layers (num_experts %lld) is not "
+                            "supported", no, (long long)lc->num_experts);
+    }
     const bool sp = tp && c.sequence_parallel; /* without tensor parallelism (or a group of one): plain */
     if (tp) {
         const int t = dt_pg_size(tp);
@@ -960,7 +986,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (ok && lc->has_pad_token && !tp)
         ok = dt_module_set_param_padding_row(emb, 0, lc->pad_token_id) == DT_OK;
     for (int64_t i = 0; i < L && ok; i++)
-        ok = add(layers, NULL, layer(&rt->c, rt, &rt->attn[i], tp), ok);
+        ok = add(layers, NULL, layer(&rt->c, rt, &rt->attn[i], tp, moe_layer(lc, i)), ok);
     if (ok && lc->tie_word_embeddings)
         ok = dt_module_tie(head, "weight", emb, "weight") == DT_OK;
     ok = add(inner, "embed_tokens", emb, ok);
@@ -984,7 +1010,10 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     }
     if ((st = dt_model_build(root, seed, &c.build, out)) < 0)
         return st;
-    if (!tp && (st = torch_order(*out, lc)) < 0) { /* a tensor-parallel rank's draws are the whole model's */
+    /* a tensor-parallel rank's draws are the whole model's; mixture-of-experts layers: no transformers order (its
+       experts are fused in memory), PyTorch's stream then draws each parameter in model order, values a model
+       directory's weights replace */
+    if (!tp && lc->num_experts == 0 && (st = torch_order(*out, lc)) < 0) {
         dt_model_free(*out);
         *out = NULL;
         return st;
@@ -1008,8 +1037,12 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
      * projections and the head per token, attention's q k^T and p v in full */
     const double tok = (double)T, hd = (double)lc->head_dim, H = (double)lc->num_attention_heads;
     const double KVd = (double)lc->num_key_value_heads, I = (double)lc->intermediate_size;
-    const double per_tok = (double)L * (2.0 * (double)C * H * hd + 2.0 * (double)C * KVd * hd + 3.0 * (double)C * I) +
-                           (double)V * (double)C;
+    double per_tok = (double)L * (2.0 * (double)C * H * hd + 2.0 * (double)C * KVd * hd) + (double)V * (double)C;
+    for (int64_t i = 0; i < L; i++) /* a sparse layer: the router and the k experts a token goes to */
+        per_tok += moe_layer(lc, i) ? (double)C * (double)lc->num_experts +
+                                          3.0 * (double)C * (double)lc->moe_intermediate_size *
+                                              (double)lc->num_experts_per_tok
+                                    : 3.0 * (double)C * I;
     d->fwd_flops_per_sample = 2.0 * tok * per_tok + 4.0 * (double)L * tok * tok * H * hd;
     d->train_flops_per_sample = 3.0 * d->fwd_flops_per_sample;
     return DT_OK;

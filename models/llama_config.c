@@ -138,6 +138,26 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
         if (lc->nope_layers[i] > 1 || (lc->nope_layers[i] && i >= lc->num_hidden_layers))
             return dt_error(DT_ERR_INVALID_ARG, "llama: nope_layers[%d] is %d: want 0 or 1, and 0 past the %lld "
                             "layers", i, lc->nope_layers[i], (long long)lc->num_hidden_layers);
+    if (lc->num_experts < 0 || lc->num_experts > (1 << 16))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: num_experts %lld is outside [0, 65536]",
+                        (long long)lc->num_experts);
+    if (lc->num_experts > 0) {
+        if (lc->num_experts_per_tok < 1 || lc->num_experts_per_tok > lc->num_experts)
+            return dt_error(DT_ERR_INVALID_ARG, "llama: num_experts_per_tok %lld is outside [1, num_experts %lld]",
+                            (long long)lc->num_experts_per_tok, (long long)lc->num_experts);
+        if (lc->moe_intermediate_size < 1 || lc->moe_intermediate_size > (1ll << 31))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: moe_intermediate_size %lld is outside [1, 2^31]",
+                            (long long)lc->moe_intermediate_size);
+        if (lc->num_hidden_layers > DT_LLAMA_MAX_LAYERS)
+            return dt_error(DT_ERR_UNSUPPORTED, "llama: %lld layers with experts (at most %d)",
+                            (long long)lc->num_hidden_layers, DT_LLAMA_MAX_LAYERS);
+        if (lc->shared_expert_intermediate_size < 0 || lc->shared_expert_intermediate_size > (1ll << 31))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: shared_expert_intermediate_size %lld is outside [0, 2^31]",
+                            (long long)lc->shared_expert_intermediate_size);
+        if (lc->fused || lc->gemma || lc->olmo2)
+            return dt_error(DT_ERR_UNSUPPORTED, "llama: experts in a Phi-3, Gemma or OLMo 2 block are not "
+                            "supported");
+    }
     const int64_t rot = lc->rotary_dim ? lc->rotary_dim : lc->head_dim;
     if (rot < 2 || rot % 2 || rot > lc->head_dim)
         return dt_error(DT_ERR_INVALID_ARG, "llama: the rotary width %lld (head_dim times partial_rotary_factor) is "

@@ -48,6 +48,9 @@ dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c,
  * the parameters an export writes (hf_save.c) and a directory's weights are
  * checked against (hf.c). */
 dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m);
+/* The sparse mixture-of-experts block of a decoder layer of c (moe.c: c->num_experts experts, its router
+ * "gate" and "experts.N.*" under Mixtral's or Qwen's names). c is borrowed for the module's life. */
+dt_module *dt__moe_block(const dt_llama_config *c);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 /* The key/value cache of dt_model_generate (generate_kv.c). init: *out a

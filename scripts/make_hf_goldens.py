@@ -66,6 +66,22 @@ with save_pretrained, and what transformers computes on fixed tokens:
   ministral/   MinistralForCausalLM: Mistral's block with layer_types (sliding,
                full, sliding) and sliding_window 8 (so T = 16 slides), GQA 4
                over 2, untied head; ministral_ref.safetensors as qwen3's
+  mixtral/     MixtralForCausalLM: 2 layers of 4 experts (intermediate 48),
+               2 a token, GQA 4 over 2, untied head; mixtral_ref.safetensors
+               as qwen3's (the AdamW steps train the router too)
+  qwen3_moe/   Qwen3MoeForCausalLM: 3 layers, the middle one dense
+               (mlp_only_layers [1], intermediate 64), the others 8 experts
+               (moe_intermediate_size 16), 3 a token, norm_topk_prob false,
+               q/k norms, tied head; qwen3_moe_ref.safetensors as qwen3's
+  qwen2_moe/   Qwen2MoeForCausalLM: 3 layers, the middle one sparse
+               (decoder_sparse_step 2; the others dense, intermediate 64) with
+               6 experts (16), 2 a token, norm_topk_prob true, and the shared
+               expert (24) behind its sigmoid gate; q/k/v biases, untied head;
+               qwen2_moe_ref.safetensors as qwen3's
+  olmoe/       OlmoeForCausalLM: 2 layers of 5 experts (intermediate 16), 2 a
+               token, not renormalised, q and k normalized over their whole
+               projections, GQA 4 over 2, pad_token_id null, untied head;
+               olmoe_ref.safetensors as qwen3's
   window_ref.safetensors:
                input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
                input_ids[:, :40] (past their sliding window of 16) and their
@@ -110,7 +126,9 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM,
                           Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig, SmolLM3Config,
                           SmolLM3ForCausalLM, Olmo3Config, Olmo3ForCausalLM, MinistralConfig,
-                          MinistralForCausalLM)
+                          MinistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, OlmoeConfig,
+                          OlmoeForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -468,4 +486,39 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(MinistralForCausalLM, mnc, ministral),
            "eval": torch.tensor(windows_loss(ministral, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "ministral_ref.safetensors"))
+# The mixtures of experts (MixtralForCausalLM, Qwen3MoeForCausalLM): each its own seed, after everything above;
+# transformers 5 fuses the experts in memory and saves them one by one (experts.N.w1 / gate_proj, ...). The seeds
+# keep the AdamW steps well conditioned: the weights times 1 + 1e-7 noise move PyTorch's own 10 losses by under 1e-6
+# (with others, such as 5115 for Mixtral, a token's second and third expert trade places within float noise by the
+# fifth step, and the losses part by 5e-5)
+moe = [("mixtral", 5117, MixtralForCausalLM,
+        MixtralConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=64, num_local_experts=4,
+                      num_experts_per_tok=2, initializer_range=0.1, bos_token_id=1, eos_token_id=2)),
+       ("qwen3_moe", 5116, Qwen3MoeForCausalLM,
+        Qwen3MoeConfig(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                       max_position_embeddings=64, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False,
+                       mlp_only_layers=[1], initializer_range=0.1, tie_word_embeddings=True, bos_token_id=1,
+                       eos_token_id=2)),
+       ("qwen2_moe", 5118, Qwen2MoeForCausalLM,
+        Qwen2MoeConfig(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                       shared_expert_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=64, num_experts=6, num_experts_per_tok=2,
+                       norm_topk_prob=True, decoder_sparse_step=2, initializer_range=0.1, bos_token_id=1,
+                       eos_token_id=2)),
+       ("olmoe", 5119, OlmoeForCausalLM,
+        OlmoeConfig(vocab_size=V, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=64, num_experts=5, num_experts_per_tok=2,
+                    initializer_range=0.1, pad_token_id=None, bos_token_id=1, eos_token_id=2))]
+for name, seed, cls, cfg in moe:
+    torch.manual_seed(seed)
+    m = cls(cfg).eval()
+    m.save_pretrained(os.path.join(out, name))
+    with torch.no_grad():
+        lg = m(ids[:, :T]).logits
+    save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+               "adamw_loss": adamw_losses(cls, cfg, m),
+               "eval": torch.tensor(windows_loss(m, toks), dtype=torch.float32).reshape([])},
+              os.path.join(out, name + "_ref.safetensors"))
 print("wrote", out)

@@ -34,7 +34,8 @@ static const opt_def opts[] = {
     {"model", OPT_CHOICE, OFF(model), 0, 0, "convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro|llama-tiny|llama-100m|hf:DIR",
      "NAME", "model to train (default convnet); hf:DIR: the Hugging Face model directory DIR (config.json and its "
      "safetensors weights; Llama, Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Granite, OLMo 2, "
-     "OLMo 3, SmolLM3 or GPT-2), starting from its weights"},
+     "OLMo 3, SmolLM3, the mixtures of experts Mixtral, Qwen3-MoE, Qwen2-MoE and OLMoE, or GPT-2), starting from "
+     "its weights"},
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "SPEC",
      "fashion-mnist | mnist:DIR | idx:DIR | npy:X.npy[,Y.npy][,test=F] | csv:FILE[,label=COL][,test=F] | random "
      "| tokens:FILE | text:FILE[,FILE...] | jsonl:FILE[,FILE...][,field=KEY | ,prompt=KEY,completion=KEY] "

@@ -1012,6 +1012,7 @@ int dt__tr_setup_trainer(dt__train_run *t)
     tp.monitor = t->monitor;
     t->wall_clock = tp.wall_clock_breakdown;
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
-        return dt__tr_fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
+        return dt__tr_fail(dt_last_status() == DT_ERR_INVALID_ARG || dt_last_status() == DT_ERR_UNSUPPORTED ? 2 : 1,
+                           "trainer"); /* a combination the model or the strategy does not implement: the usage's */
     return trace_align(t);
 }

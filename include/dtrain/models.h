@@ -258,6 +258,9 @@ typedef struct dt_llama_config {
                                          k_norm [KV hd]) before RoPE; under tensor parallelism each
                                          rank normalizes its heads by the whole rows' statistics
                                          (dt_tp_rms_norm) */
+    bool whole_qk_norm;               /* OLMoE (OlmoeForCausalLM): q and k RMS-normalized over their whole
+                                         projections (self_attn.q_norm [H hd], k_norm [KV hd]) before RoPE, as
+                                         OLMo 2's, in the Llama block (its norms before attention and MLP) */
     bool gemma;                       /* Gemma (GemmaForCausalLM, Gemma 1): the embeddings times sqrt(C) (in
                                          their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
                                          GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */
@@ -304,6 +307,25 @@ typedef struct dt_llama_config {
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied
                                          head's use of the row still trains it), and which a model
                                          built from scratch starts at zero, as transformers' init */
+    /* Mixture of experts (Mixtral, Qwen3-MoE): a sparse block in place of the MLP of every layer that
+       dense_layers leaves 0. A linear router (gate.weight [E, C], no bias) scores the E experts; the
+       softmax of its logits in f32 picks each token's top num_experts_per_tok, whose probabilities
+       (renormalised to sum 1 with norm_topk_prob) weight the outputs of those experts' SwiGLU MLPs
+       (w1/gate_proj, w3/up_proj [I, C], w2/down_proj [C, I] with I moe_intermediate_size), added up.
+       Each expert runs on the tokens routed to it only. No auxiliary load-balancing loss. */
+    int64_t num_experts;              /* E; 0: no experts (every layer's MLP dense) */
+    int64_t num_experts_per_tok;      /* k, in [1, E] */
+    int64_t moe_intermediate_size;    /* each expert's I */
+    bool norm_topk_prob;              /* the k weights divided by their sum (Mixtral always) */
+    bool moe_mixtral_names;           /* Mixtral's names: block_sparse_moe.{gate, experts.N.{w1, w2, w3}};
+                                         else Qwen's: mlp.{gate, experts.N.{gate_proj, up_proj, down_proj}} */
+    int64_t shared_expert_intermediate_size; /* > 0: Qwen2-MoE's shared expert beside the routed ones, a SwiGLU
+                                         MLP of this size (mlp.shared_expert.{gate,up,down}_proj) on every token,
+                                         its output times sigmoid(mlp.shared_expert_gate(x)) ([1, C]) added to
+                                         theirs; 0: none */
+    uint8_t dense_layers[DT_LLAMA_MAX_LAYERS]; /* with num_experts: 1 for a layer whose MLP is the dense one
+                                         (intermediate_size; Qwen's mlp_only_layers and decoder_sparse_step),
+                                         0 for a sparse one. At most DT_LLAMA_MAX_LAYERS layers with experts */
 } dt_llama_config;
 
 /* The named configuration into *out: "llama-tiny" (for tests: V 512, C 64,
@@ -350,7 +372,21 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, f
  * DT_ERR_INVALID_ARG; with cp a cp rank's T/cp rows split again; not with
  * LoRA: DT_ERR_UNSUPPORTED); its
  * pipeline units then pass the rank's rows between stages (the embedding
- * unit splits them, the final norm's gathers them for the head). */
+ * unit splits them, the final norm's gathers them for the head).
+ * With lc->num_experts > 0 the layers dense_layers leaves 0 have a sparse
+ * mixture-of-experts block in place of the MLP (type
+ * "MixtralSparseMoeBlock", named block_sparse_moe, with moe_mixtral_names;
+ * else "Qwen3MoeSparseMoeBlock" (Qwen3-MoE, OLMoE), or
+ * "Qwen2MoeSparseMoeBlock" with a shared expert, named mlp): its router
+ * gate.weight [E, C]
+ * and experts.{j}.{w1, w2, w3} (Mixtral) or experts.{j}.{gate_proj,
+ * up_proj, down_proj}, each [I, C] or [C, I] (transformers 5's checkpoint
+ * names); the router and the experts' projections are not Linear modules,
+ * so LoRA refuses them as targets and "all-linear" passes them by. Tensor
+ * and context parallelism and the pipeline's units are refused with
+ * experts (DT_ERR_UNSUPPORTED); data parallelism and ZeRO 1-3 train them.
+ * PyTorch's initial values (DT_INIT_TORCH) draw each of such a model's
+ * parameters in model order, not transformers' order. */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 /* True when m is a Llama-family model of dt_llama_create; then *P = its
@@ -369,7 +405,9 @@ typedef struct dt_hf_config {
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
                                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                                "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
-                               "SmolLM3ForCausalLM", "MinistralForCausalLM" or "GPT2LMHeadModel";
+                               "SmolLM3ForCausalLM", "MinistralForCausalLM", the mixtures of experts
+                               "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM" and
+                               "OlmoeForCausalLM" (dt_llama_config.num_experts), or "GPT2LMHeadModel";
                                Gemma 3's image-text model, "Gemma3ForConditionalGeneration", is read
                                as its language model, "Gemma3ForCausalLM", from text_config (its
                                weights: dt_ckpt_open's view of the directory) */

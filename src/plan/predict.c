@@ -132,6 +132,10 @@ static dt_status shape_of(const char *model, model_shape *s)
         s->vocab = g->vocab_size, s->positions = g->block_size;
     } else {
         const dt_llama_config *l = &s->h.llama;
+        if (l->num_experts > 0) /* a block's time and memory follow its tokens' routing, which a copy cannot know */
+            return dt_error(DT_ERR_UNSUPPORTED, "the planner: model '%s' has mixture-of-experts layers (%s, %lld "
+                            "experts), which it does not calibrate", model, s->h.architecture,
+                            (long long)l->num_experts);
         s->n_layer = l->num_hidden_layers, s->n_head = l->num_attention_heads, s->n_kv_head = l->num_key_value_heads;
         s->n_embd = l->hidden_size, s->vocab = l->vocab_size, s->positions = l->max_position_embeddings;
     }

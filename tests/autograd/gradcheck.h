@@ -14,7 +14,7 @@
 typedef dt_tensor *(*gc_fn)(dt_ctx *ctx, dt_tensor **in, void *ud);
 
 /* Persistent f32 tensor, N(0,1) from key (seed, a), requires grad if rg. */
-static dt_tensor *gc_tensor(int ndim, const int64_t *shape, uint64_t seed, bool rg)
+static inline dt_tensor *gc_tensor(int ndim, const int64_t *shape, uint64_t seed, bool rg)
 {
     dt_tensor *t = dt_tensor_new(DT_F32, ndim, shape);
     if (!t)
@@ -26,7 +26,7 @@ static dt_tensor *gc_tensor(int ndim, const int64_t *shape, uint64_t seed, bool 
 }
 
 /* Shift values so that |x| >= margin (keeps h-steps away from kinks). */
-static void gc_away_from_zero(dt_tensor *t, float margin)
+static inline void gc_away_from_zero(dt_tensor *t, float margin)
 {
     float *p = t->data;
     for (int64_t i = 0; i < dt_tensor_numel(t); i++)
@@ -35,7 +35,7 @@ static void gc_away_from_zero(dt_tensor *t, float margin)
 }
 
 /* Distinct values spaced `gap` apart in a random order (no ties for max). */
-static void gc_distinct(dt_tensor *t, uint64_t seed, float gap)
+static inline void gc_distinct(dt_tensor *t, uint64_t seed, float gap)
 {
     int64_t n = dt_tensor_numel(t);
     int64_t *perm = malloc((size_t)n * sizeof *perm);

@@ -20,7 +20,9 @@
  * is recomputed with the long factors, as transformers' Phi-3 does) and
  * Granite (its multipliers, the attention's scale on q) and OLMo 2 (norms
  * after attention and MLP, whole-projection q and k norms) and Gemma 2 (soft
- * caps, sliding and full layers; its weights drawn large, halved) test
+ * caps, sliding and full layers; its weights drawn large, halved) and the
+ * mixtures of experts Mixtral, Qwen3-MoE, Qwen2-MoE and OLMoE (each token
+ * routed alike in a cached step and over the whole prefix) test
  * directories, each with its weights scaled up so that its logits are far
  * from uniform (a random init's are nearly flat). */
 // dt-test-timeout: 300
@@ -51,6 +53,8 @@ static const gen_model g_models[] = {
     {"hf:" HF "phi3", DT_F32, 4, 0},  {"hf:" HF "phi4", DT_F32, 4, 8}, {"hf:" HF "granite", DT_F32, 8, 0},
     {"hf:" HF "olmo2", DT_F32, 4, 0},  {"hf:" HF "gemma2", DT_F32, 0.5, 0}, {"hf:" HF "gemma3", DT_F32, 2, 0},
     {"hf:" HF "smollm3", DT_F32, 1, 0}, {"hf:" HF "olmo3", DT_F32, 4, 0}, {"hf:" HF "ministral", DT_F32, 4, 0},
+    {"hf:" HF "mixtral", DT_F32, 4, 0}, {"hf:" HF "qwen3_moe", DT_F32, 4, 0}, {"hf:" HF "qwen2_moe", DT_F32, 4, 0},
+    {"hf:" HF "olmoe", DT_F32, 4, 0},
 };
 #define N_MODELS (int)(sizeof g_models / sizeof g_models[0])
 

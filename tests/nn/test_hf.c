@@ -348,6 +348,104 @@ TEST(ministral_parity)
 TEST(ministral_adamw_steps) { adamw_steps(HF "ministral", HF "ministral_ref.safetensors", 10, 1e-5); }
 TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors", 10, 1e-5); }
 
+/* Mixtral: 2 layers of 4 experts, 2 a token, the weights renormalised; the experts' weights under their
+ * checkpoint names (block_sparse_moe.experts.N.w1/w2/w3). The AdamW steps train the router as well. */
+TEST(mixtral_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "mixtral", &h));
+    ASSERT(h.llama.num_experts == 4 && h.llama.num_experts_per_tok == 2 && h.llama.moe_intermediate_size == 48 &&
+           h.llama.norm_topk_prob && h.llama.moe_mixtral_names && h.llama.rope_theta == 1e6 &&
+           !h.llama.dense_layers[0] && !h.llama.dense_layers[1]);
+    parity(HF "mixtral", HF "mixtral_ref.safetensors", "logits");
+}
+TEST(mixtral_adamw_steps) { adamw_steps(HF "mixtral", HF "mixtral_ref.safetensors", 10, 1e-5); }
+/* Qwen3-MoE: 8 experts, 3 a token, the weights not renormalised (norm_topk_prob false), the middle layer dense
+ * (mlp_only_layers [1]), q/k norms, tied head */
+TEST(qwen3_moe_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "qwen3_moe", &h));
+    ASSERT(h.llama.num_experts == 8 && h.llama.num_experts_per_tok == 3 && h.llama.moe_intermediate_size == 16 &&
+           !h.llama.norm_topk_prob && !h.llama.moe_mixtral_names && h.llama.qk_norm && h.llama.intermediate_size == 64);
+    ASSERT(!h.llama.dense_layers[0] && h.llama.dense_layers[1] && !h.llama.dense_layers[2]);
+    parity(HF "qwen3_moe", HF "qwen3_moe_ref.safetensors", "logits");
+}
+TEST(qwen3_moe_adamw_steps) { adamw_steps(HF "qwen3_moe", HF "qwen3_moe_ref.safetensors", 10, 1e-5); }
+/* Qwen2-MoE: its middle layer sparse (decoder_sparse_step 2), 6 experts, 2 a token, renormalised, and the shared
+ * expert behind its sigmoid gate; q/k/v biases (qkv_bias) */
+TEST(qwen2_moe_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "qwen2_moe", &h));
+    ASSERT(h.llama.num_experts == 6 && h.llama.num_experts_per_tok == 2 && h.llama.norm_topk_prob &&
+           h.llama.shared_expert_intermediate_size == 24 && h.llama.attention_bias && h.llama.qkv_bias_only);
+    ASSERT(h.llama.dense_layers[0] && !h.llama.dense_layers[1] && h.llama.dense_layers[2]);
+    parity(HF "qwen2_moe", HF "qwen2_moe_ref.safetensors", "logits");
+}
+TEST(qwen2_moe_adamw_steps) { adamw_steps(HF "qwen2_moe", HF "qwen2_moe_ref.safetensors", 10, 1e-5); }
+/* OLMoE: 5 experts, 2 a token, not renormalised; q and k normalized over their whole projections in the Llama
+ * block (the norms before attention and MLP) */
+TEST(olmoe_parity)
+{
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF "olmoe", &h));
+    ASSERT(h.llama.num_experts == 5 && h.llama.num_experts_per_tok == 2 && !h.llama.norm_topk_prob &&
+           h.llama.moe_intermediate_size == 16 && h.llama.whole_qk_norm && !h.llama.olmo2 && !h.llama.has_pad_token);
+    parity(HF "olmoe", HF "olmoe_ref.safetensors", "logits");
+}
+TEST(olmoe_adamw_steps) { adamw_steps(HF "olmoe", HF "olmoe_ref.safetensors", 10, 1e-5); }
+
+/* The mixtures of experts' bad input: each refusal names the file and the key (or the tensor) */
+static void moe_refused(const char *src, const char *edit, dt_status want, const char *says)
+{
+    char dir[] = "/tmp/dt_hfmoe_XXXXXX";
+    ASSERT_EQ_INT(edited_copy(src, dir, edit), 0);
+    dt_hf_config h;
+    dt_status st = dt_hf_config_read(dir, &h);
+    if (st >= 0) { /* the config reads: the model, or the loading of its weights, refuses them */
+        dt_model_desc d;
+        dt_trainer *tr = NULL;
+        dt_strategy *s = NULL;
+        dt_model *m = load_hf(dir, &d, &tr, &s);
+        st = m ? DT_OK : dt_last_status();
+        dt_trainer_free(tr);
+        dt_model_free(m);
+    }
+    ASSERT_STATUS(st, want);
+    ASSERT_STR_CONTAINS(dt_last_error(), says);
+    if (st != DT_ERR_MISMATCH && st != DT_ERR_NOT_FOUND)
+        ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
+    ASSERT_EQ_INT(remove_dir(dir), 0);
+}
+
+TEST(moe_bad_input)
+{
+    moe_refused(HF "mixtral", "sed -i 's/\"num_experts_per_tok\": 2/\"num_experts_per_tok\": 5/' config.json",
+                DT_ERR_FORMAT, "key \"num_experts_per_tok\" (5) must be at most key \"num_local_experts\" (4)");
+    moe_refused(HF "mixtral", "sed -i 's/\"output_router_logits\": false/\"output_router_logits\": true/' "
+                "config.json", DT_ERR_UNSUPPORTED, "key \"output_router_logits\"");
+    moe_refused(HF "mixtral", "sed -i 's/\"router_jitter_noise\": 0.0/\"router_jitter_noise\": 0.1/' config.json",
+                DT_ERR_UNSUPPORTED, "key \"router_jitter_noise\"");
+    moe_refused(HF "qwen3_moe", "sed -i 's/\"norm_topk_prob\": false,/\"norm_topk_prob\": false, "
+                "\"shared_expert_intermediate_size\": 8,/' config.json", DT_ERR_UNSUPPORTED,
+                "key \"shared_expert_intermediate_size\"");
+    moe_refused(HF "qwen3_moe", "sed -i 's/\"use_sliding_window\": false/\"use_sliding_window\": true/' config.json",
+                DT_ERR_UNSUPPORTED, "key \"use_sliding_window\"");
+    moe_refused(HF "olmoe", "sed -i 's/\"clip_qkv\": null/\"clip_qkv\": 8.0/' config.json", DT_ERR_UNSUPPORTED,
+                "key \"clip_qkv\"");
+    moe_refused(HF "qwen3_moe", "sed -i 's/\"mlp_only_layers\": \\[/\"mlp_only_layers\": [7, /' config.json",
+                DT_ERR_FORMAT, "key \"mlp_only_layers\"");
+    /* the weights: an expert's projection missing, or at another shape than the config says */
+    moe_refused(HF "mixtral", "sed -i 's/\"intermediate_size\": 48/\"intermediate_size\": 40/' config.json",
+                DT_ERR_MISMATCH, "model.layers.0.block_sparse_moe.experts.0.w1.weight");
+    moe_refused(HF "qwen3_moe", "sed -i 's/\"num_local_experts\": 8/\"num_local_experts\": 9/' config.json",
+                DT_ERR_MISMATCH, "'model.layers.0.mlp.gate.weight' as [9,32], but the weights' is [8,32]");
+    /* an expert's weight renamed in the file's header (as long as before): missing */
+    moe_refused(HF "qwen3_moe", "sed -i 's/layers.2.mlp.experts.5.up_proj/layers.2.mlp.experts.5.up_prox/' "
+                "model.safetensors", DT_ERR_NOT_FOUND, "model.layers.2.mlp.experts.5.up_proj.weight");
+}
+
 /* Gemma 3: Gemma's norm (1 + w, w drawn in [-0.5, 0.5]) on each head of q and k before RoPE, the sliding layers
  * rotating with base 100 and the full one with base 10000 under linear scaling (factor 4), sliding_window 8 at 16
  * tokens; the logits, then 10 AdamW steps (the gradients through the head norms) */
@@ -940,6 +1038,15 @@ int main(void)
     RUN(ministral_parity);
     RUN(ministral_adamw_steps);
     RUN(gemma2_parity);
+    RUN(mixtral_parity);
+    RUN(mixtral_adamw_steps);
+    RUN(qwen3_moe_parity);
+    RUN(qwen3_moe_adamw_steps);
+    RUN(qwen2_moe_parity);
+    RUN(qwen2_moe_adamw_steps);
+    RUN(olmoe_parity);
+    RUN(olmoe_adamw_steps);
+    RUN(moe_bad_input);
     RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);
     RUN(gemma3_parity);
