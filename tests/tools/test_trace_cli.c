@@ -291,8 +291,9 @@ TEST(trace_dir_of_another_job_exit_2)
     ASSERT_EQ_INT(mkdir(dir, 0755), 0);
     int held = open(dir, O_RDONLY | O_DIRECTORY);
     ASSERT(held >= 0 && flock(held, LOCK_EX | LOCK_NB) == 0);
-    char *a[] = {"train", "--model", "mlp", "--random-items", "16", "--max-steps", "2", "--trace", dir,
-                 "--trace-steps", "1:2", "--progress", "plain", NULL};
+    /* a small test set: evaluating the 1000 default items took the run past the 60 s limit on a loaded machine */
+    char *a[] = {"train", "--model", "mlp", "--random-items", "16", "--limit-test", "16", "--max-steps", "2",
+                 "--trace", dir, "--trace-steps", "1:2", "--progress", "plain", NULL};
     cli_runv(&r, 60, NULL, a);
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "another job");
