@@ -465,7 +465,8 @@ DT_API void dt_module_clear_hooks(dt_module *m);
  * the model starts as the base), and computes base(x) + scaling *
  * B(A(dropout(x))), scaling = alpha / r (alpha / sqrt(r) with rslora).
  * Every other parameter of the model is frozen (dt_model_build_params.frozen
- * semantics): only the adapters train.
+ * semantics): only the adapters train, and the modules_to_save and the
+ * biases that bias names (PEFT's settings of those names, below).
  * With dora (DoRA, PEFT's use_dora) each adapted layer also gets
  * lora_magnitude_vector.weight [out] (trainable) and computes
  * m / ||W + scaling B A|| * (W x + scaling B(A(x))) + bias, the row norms
