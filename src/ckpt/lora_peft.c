@@ -398,9 +398,11 @@ static dt_status layer_rank(dt_lora_pattern *pt, const char *key, int64_t r, int
     *rl = r, *why = "\"r\"";
     if (!p.layer_rank || !adapter_layer(key, layer, sizeof layer))
         return DT_OK;
-    dt_status st = dt_lora_layer_scaling(&p, layer, rl, NULL);
-    if (*rl != r)
-        *why = "\"rank_pattern\"";
+    int64_t k = 0; /* no key: stays 0 */
+    float al = 1;
+    dt_status st = p.layer_rank(p.layer_ud, layer, &k, &al);
+    if (st >= 0 && k > 0)
+        *rl = k, *why = "\"rank_pattern\"";
     return st;
 }
 

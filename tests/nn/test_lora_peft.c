@@ -920,6 +920,11 @@ TEST(rank_alpha_pattern)
         ASSERT(e >= 0 && dt_model_entry(r.m, (size_t)e, &pi) >= 0 && pi.shape[0] == want[k].r);
     }
     ASSERT_EQ_U64(dt_lora_pattern_warn(r.pc.pattern, &r.pc.params), 0); /* every key named a layer */
+    dt_lora_params rs = r.pc.params; /* rsLoRA with patterns (PEFT allows it): alpha_l / sqrt(r_l) */
+    rs.rslora = true;
+    float srs = 0;
+    ASSERT_OK(dt_lora_layer_scaling(&rs, "model.layers.1.self_attn.v_proj", NULL, &srs));
+    ASSERT(fabsf(srs - 6.0f / sqrtf(2.0f)) <= 1e-6f);
     close_run(&r);
     double de = merged_default_err("pat", bf1, bf2);
     fprintf(stderr, "  pat merged with the default scaling alpha/r for every layer: %.3g from PEFT's\n", de);
