@@ -763,6 +763,7 @@ TEST(patterns_cli)
     }
     cJSON_free(rp), cJSON_free(ap), cJSON_free(ex);
     cJSON_Delete(cj);
+    free(cfg);
     snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
     dt_ckpt *c = NULL;
     ASSERT_OK(dt_ckpt_open(f, &c));
