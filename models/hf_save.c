@@ -47,7 +47,7 @@ enum { TMP_PATH = 4200, FILE_PATH = TMP_PATH + 64 };
 
 dt_hf_save_params dt_hf_save_params_default(void)
 {
-    dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32, .lora_scaling = 0.0f};
+    dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32, .lora_scaling = 0.0f, .lora = NULL};
     return p;
 }
 
@@ -436,6 +436,7 @@ typedef struct item {
     int64_t lora_a, lora_b; /* LoRA adapters merged into it (checkpoint tensors), else -1 */
     int64_t lora_m;         /* and DoRA's magnitudes, else -1 */
     int64_t r;              /* their rank */
+    float scaling;          /* their scaling (the layer's own: dt_hf_save_params.lora) */
     bool fan_in_fan_out;    /* a Conv1D ([in, out]): the update is transposed */
 } item;
 
@@ -490,8 +491,9 @@ static void remove_tmp(const char *tmp, int nshard)
  * Conv1D), B @ A summed in double and rounded to f32 as torch's f32 matmul
  * gives it to within its rounding; with DoRA's magnitudes m, each output
  * feature's row of that sum then times m / its norm. */
-static dt_status merge_lora(dt_ckpt *ck, const item *t, float scaling, float *w)
+static dt_status merge_lora(dt_ckpt *ck, const item *t, float *w)
 {
+    const float scaling = t->scaling;
     const int64_t out = t->fan_in_fan_out ? t->shape[1] : t->shape[0];
     const int64_t in = t->fan_in_fan_out ? t->shape[0] : t->shape[1], r = t->r;
     float *a = malloc((size_t)(r * in) * sizeof *a), *b = malloc((size_t)(out * r) * sizeof *b);
@@ -531,7 +533,7 @@ static dt_status merge_lora(dt_ckpt *ck, const item *t, float scaling, float *w)
 }
 
 static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, int nshard, dt_dtype odt,
-                              float scaling, const char *what)
+                              const char *what)
 {
     dt_status st = DT_OK;
     size_t maxn = 0;
@@ -563,7 +565,7 @@ static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, 
             const item *t = &it[ix[j]];
             if ((st = read_f32(ck, t->src, f, t->numel, tmpb)) < 0)
                 break;
-            if (t->lora_a >= 0 && (st = merge_lora(ck, t, scaling, f)) < 0)
+            if (t->lora_a >= 0 && (st = merge_lora(ck, t, f)) < 0)
                 break;
             if (odt != DT_F32 && (st = dt_k_convert(f, DT_F32, tmpb, odt, (int64_t)t->numel)) < 0)
                 break;
@@ -647,7 +649,7 @@ static dt_status find_lora(dt_ckpt *ck, const dt_model *m, const char *src, cons
     if (a < 0 || b < 0)
         return dt_error(DT_ERR_NOT_FOUND, "%s has '%s' but not '%s' (LoRA adapters come in pairs)", src,
                         a >= 0 ? an : b >= 0 ? bn : mn, a < 0 ? an : bn);
-    if (!(p->lora_scaling > 0))
+    if (!(p->lora_scaling > 0) && !p->lora)
         return dt_error(DT_ERR_INVALID_ARG, "%s holds LoRA adapters ('%s'): merging them needs their scaling "
                         "(alpha / r; dt_hf_save_params.lora_scaling), and leaving them out would write the "
                         "base model", src, an);
@@ -671,6 +673,13 @@ static dt_status find_lora(dt_ckpt *ck, const dt_model *m, const char *src, cons
                         "(in %lld, out %lld)", src, an, (long long)ta.shape[0], (long long)(ta.ndim > 1 ? ta.shape[1] : 0),
                         bn, (long long)tb.shape[0], (long long)(tb.ndim > 1 ? tb.shape[1] : 0), x->name,
                         (long long)in, (long long)out);
+    x->scaling = p->lora_scaling;
+    int64_t r = ta.shape[0];
+    if (p->lora && (st = dt_lora_layer_scaling(p->lora, layer, &r, &x->scaling)) < 0)
+        return st;
+    if (r != ta.shape[0])
+        return dt_error(DT_ERR_SHAPE, "%s: LoRA adapter '%s' is of rank %lld, but its layer's is %lld (r, "
+                        "rank_pattern)", src, an, (long long)ta.shape[0], (long long)r);
     x->lora_a = a, x->lora_b = b, x->lora_m = mg, x->r = ta.shape[0];
     *nmerged += mg >= 0 ? 3 : 2;
     return DT_OK;
@@ -848,7 +857,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         goto out;
     }
     chmod(tmp, 0755);
-    if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, p.lora_scaling, out)) < 0 ||
+    if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, out)) < 0 ||
         (nshard > 1 && (st = write_index(tmp, it, n, nshard, total)) < 0) ||
         (st = write_text(tmp, "config.json", cfg)) < 0 ||
         (!gen_src && (st = write_text(tmp, "generation_config.json", gen)) < 0))

@@ -65,7 +65,19 @@ down_proj, dropout 0, task CAUSAL_LM.
            torch.manual_seed(41)): every bias trains beside the adapters,
            an adapted layer's saved as <layer>.base_layer.bias
 
+  pat_init/, pat_after/, pat_ref.safetensors:
+           LoRA on q_proj, v_proj and o_proj of the Llama, r 3, lora_alpha 6,
+           with rank_pattern PAT_RANK and alpha_pattern PAT_ALPHA below
+           (after torch.manual_seed(43)): q_proj at rank 4 (scaling 1.5),
+           layer 1's v_proj at rank 2 (scaling 3), o_proj alpha 32
+           (scaling 32/3), layer 0's v_proj the default (scaling 2)
+  excl_init/, excl_after/, excl_ref.safetensors:
+           LoRA on q_proj and v_proj of the Llama with exclude_modules the
+           regular expression EXCL_RE below (layer 1's q_proj; after
+           torch.manual_seed(47)): that layer has no adapters
+
 Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
+       $PEER_PYTHON scripts/make_lora_goldens.py --pattern [tests/data]   (only the pat_ and excl_ files)
        $PEER_PYTHON scripts/make_lora_goldens.py --dora [tests/data]   (only the DoRA and save_ files)
        $PEER_PYTHON scripts/make_lora_goldens.py --check ADAPTER_DIR [tests/data]
 The second form loads adapters another program wrote (dtrain train
@@ -82,9 +94,13 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import save_file
 from transformers import Gemma3ForConditionalGeneration, LlamaForCausalLM
 
-args = [a for a in sys.argv[1:] if a not in ("--check", "--dora")]
+args = [a for a in sys.argv[1:] if a not in ("--check", "--dora", "--pattern")]
 check = "--check" in sys.argv[1:]
 dora_only = "--dora" in sys.argv[1:]
+pattern_only = "--pattern" in sys.argv[1:]
+PAT_RANK = {"q_proj": 4, "model.layers.1.self_attn.v_proj": 2}
+PAT_ALPHA = {"o_proj": 32}
+EXCL_RE = r"model\.layers\.1\.self_attn\.q_proj"
 data = args[1] if check and len(args) > 1 else (args[0] if args and not check else "tests/data")
 base_dir = os.path.join(data, "hf", "llama")
 out = os.path.join(data, "lora")
@@ -162,6 +178,25 @@ if dora_only:
     train_save(pm, gids, "gpt2_bias", ["c_attn"])
     sys.exit(0)
 
+def pattern_cases():
+    base = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    ids = torch.randint(0, base.config.vocab_size, (2, 2, T + 1), generator=torch.Generator().manual_seed(11))
+    torch.manual_seed(43)
+    targets = ["q_proj", "v_proj", "o_proj"]
+    pm = get_peft_model(base, LoraConfig(r=3, lora_alpha=6, target_modules=targets, lora_dropout=0.0,
+                                         rank_pattern=PAT_RANK, alpha_pattern=PAT_ALPHA, task_type="CAUSAL_LM"))
+    train_save(pm, ids, "pat", targets)
+    base = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    torch.manual_seed(47)
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                                         exclude_modules=EXCL_RE, task_type="CAUSAL_LM"))
+    train_save(pm, ids, "excl", ["q_proj", "v_proj"])
+
+
+if pattern_only:
+    pattern_cases()
+    sys.exit(0)
+
 os.makedirs(out, exist_ok=True)
 base = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
 V = base.config.vocab_size
@@ -215,4 +250,5 @@ TARGET_RE = r".*language_model.*layers\.[13]\.(self_attn\.q_proj|mlp\.down_proj)
 pm, lg = mm_adapters("gemma3_mm_regex", TARGET_RE, 17)
 save_file({"input_ids": mm_ids.clone(), "logits": lg.contiguous(), "base_logits": base_logits.contiguous()},
           os.path.join(out, "gemma3_mm_regex_ref.safetensors"))
+pattern_cases()
 print("wrote", out)

@@ -364,15 +364,18 @@ static int convert_hf(const char *src, const char *out, const char *model, uint6
     p.dtype = dtype;
     dt__tuning tu; /* a LoRA run's adapters are merged into their layers (PEFT's merge_and_unload) */
     dt_lora_params lp;
-    if (dt__tuning_read(src, &tu) >= 0 && tu.lora_targets && dt__tuning_lora(&tu, &lp) >= 0)
-        p.lora_scaling = dt_lora_scaling(&lp);
-    dt__tuning_free(&tu);
+    memset(&tu, 0, sizeof tu);
+    if (dt__tuning_read(src, &tu) >= 0 && tu.lora_targets && dt__tuning_lora(&tu, &lp) >= 0) /* tu holds lp's */
+        p.lora_scaling = dt_lora_scaling(&lp), p.lora = &lp;
     dt_error_clear();
     char tokp[4200];
     p.tokenizer = tokenizer ? tokenizer : dt_hf_dir_tokenizer(name, tokp, sizeof tokp) ? tokp : NULL;
     p.generation_from = !strncmp(name, "hf:", 3) ? name + 3 : NULL; /* the directory's sampling settings */
-    if (dt_model_hf_config(name, &cfg, &h) < 0 || dt_hf_save(src, &h, out, &p) < 0)
+    if (dt_model_hf_config(name, &cfg, &h) < 0 || dt_hf_save(src, &h, out, &p) < 0) {
+        dt__tuning_free(&tu);
         return dt_last_status() == DT_ERR_IO ? fail_write("convert --hf") : fail("convert --hf");
+    }
+    dt__tuning_free(&tu);
     char esc[512];
     printf("wrote %s: a Hugging Face %s directory\n", dt_escape(out, esc, sizeof esc), h.architecture);
     return 0;

@@ -108,6 +108,8 @@ static void cleanup(dt__train_run *t)
     free(t->layers);
     free(t->pattern_buf);
     free(t->patterns);
+    dt_lora_pattern_free(t->lora_pattern);
+    free(t->exclude_json);
     dt__tuning_free(&t->ck_tuning);
     free(t->ck_path);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */

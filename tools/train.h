@@ -4,6 +4,7 @@
 #define DT_TOOLS_TRAIN_H
 
 #include "dtrain/base.h"
+#include "dtrain/ckpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/parallel.h"
 #include "dtrain/tokenizer.h"
@@ -89,6 +90,11 @@ typedef struct dt__train_opts {
     const char *lora_layers;  /* PEFT's layers_to_transform: comma-separated indices (NULL: every layer) */
     const char *lora_layers_pattern; /* PEFT's layers_pattern: comma-separated names (NULL: any) */
     const char *lora_bias;    /* PEFT's bias: none (NULL), all, lora_only */
+    const char *lora_rank_pattern;  /* PEFT's rank_pattern: a JSON object of layer name patterns to ranks (NULL) */
+    const char *lora_alpha_pattern; /* PEFT's alpha_pattern: a JSON object of patterns to alphas (NULL) */
+    const char *lora_exclude_modules; /* PEFT's exclude_modules: comma-separated module names (NULL: none) */
+    const char *lora_exclude_json; /* not an option: exclude_modules from --lora-from or a checkpoint, as JSON (a
+                                      regular expression string or a list of names); NULL: none */
     const char *save_lora;    /* directory for the adapters in PEFT's format at the end */
     const char *lora_from;    /* PEFT adapters (adapter_config.json + adapter_model.safetensors) to start from */
     /* ZeRO / FSDP (tools/train_ddp.c) */
@@ -321,6 +327,8 @@ typedef struct dt__tuning {
     char *lora_save;      /* modules_to_save, comma-separated; NULL: none */
     char *lora_layers, *lora_layers_pattern; /* layers_to_transform, layers_pattern, comma-separated; NULL: none */
     dt_lora_bias lora_bias; /* PEFT's bias */
+    char *lora_pat[3];    /* rank_pattern, alpha_pattern, exclude_modules as JSON; NULL: none */
+    dt_lora_pattern *pattern; /* dt__tuning_lora's, from lora_pat */
     char *freeze;         /* --freeze's patterns; NULL: none */
     char *target_buf;     /* dt__tuning_lora's split targets */
     const char **target_list;
@@ -338,10 +346,11 @@ void dt__tuning_free(dt__tuning *t);
 /* {"lora":{"targets":..,"r":..,"alpha":..,"dropout":..,"rslora":..,"dora":..,"modules_to_save":..|null}|null,
  * "freeze":..|null} (cJSON_free). */
 char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char *freeze);
-/* The settings as the flags that give them, for messages. */
+/* The settings as the flags that give them, for messages (pat: rank_pattern, alpha_pattern and exclude_modules as
+ * JSON, each NULL for none; pat NULL: none). */
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
                          const char *save, const char *layers, const char *layers_pattern, dt_lora_bias bias,
-                         const char *freeze, char *buf, size_t n);
+                         const char *const *pat, const char *freeze, char *buf, size_t n);
 /* A comma-separated list of layer indices ("0,3,5") into *out (malloc'd) and *n: 0, or 2 after saying why (opt
  * names the option). */
 int dt__parse_layers(const char *opt, const char *list, int64_t **out, size_t *n);

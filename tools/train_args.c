@@ -181,6 +181,18 @@ static const opt_def opts[] = {
     {"lora-bias", OPT_CHOICE, OFF(lora_bias), 0, 0, "none|all|lora_only", NULL,
      "PEFT's bias: which biases train beside the adapters (and are saved with them): none (default), all (every "
      "parameter named bias), lora_only (the adapted layers' own)"},
+    {"lora-rank-pattern", OPT_STR, OFF(lora_rank_pattern), 0, 0, NULL, "JSON",
+     "PEFT's rank_pattern: a JSON object of layer name patterns to ranks ('{\"q_proj\": 16, "
+     "\"model.layers.0.mlp.down_proj\": 4}'): a layer whose name is a key (a regular expression) or ends in \".\" + "
+     "one gets that rank (the first key that matches), the others --lora-r; --save-lora writes it, checkpoints keep "
+     "it; a key matching no adapted layer is warned of"},
+    {"lora-alpha-pattern", OPT_STR, OFF(lora_alpha_pattern), 0, 0, NULL, "JSON",
+     "PEFT's alpha_pattern: as --lora-rank-pattern, layer name patterns to alphas; each layer's scaling is its own "
+     "alpha/r"},
+    {"lora-exclude-modules", OPT_STR, OFF(lora_exclude_modules), 0, 0, NULL, "NAME[,NAME...]",
+     "PEFT's exclude_modules (a list): a module whose name is one of these or ends in \".\" + one is never adapted, "
+     "even when --lora-targets names it (--lora-from also reads PEFT's regular-expression form); one that "
+     "excludes nothing is warned of"},
     {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
      "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
      "dropout, rsLoRA and DoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
@@ -813,11 +825,29 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->lora_dora ||
-         o->lora_save_modules || o->lora_layers || o->lora_layers_pattern || o->lora_bias) && !o->lora_targets) {
+         o->lora_save_modules || o->lora_layers || o->lora_layers_pattern || o->lora_bias || o->lora_rank_pattern ||
+         o->lora_alpha_pattern || o->lora_exclude_modules) && !o->lora_targets) {
         dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora, --lora-dora, "
-                    "--lora-modules-to-save, --lora-layers-to-transform, --lora-layers-pattern and --lora-bias go "
-                    "with --lora-targets NAME[,NAME...]\n");
+                    "--lora-modules-to-save, --lora-layers-to-transform, --lora-layers-pattern, --lora-bias, "
+                    "--lora-rank-pattern, --lora-alpha-pattern and --lora-exclude-modules go with --lora-targets "
+                    "NAME[,NAME...]\n");
         return 2;
+    }
+    const char *const pat_opt[3] = {"--lora-rank-pattern", "--lora-alpha-pattern", "--lora-exclude-modules"};
+    const char *const pat_val[3] = {o->lora_rank_pattern, o->lora_alpha_pattern, o->lora_exclude_modules};
+    for (int k = 0; k < 3; k++) {
+        dt_lora_pattern *pt = NULL;
+        const char *v = pat_val[k];
+        const bool names = k == 2 && v && (!v[0] || strstr(v, ",,") || v[0] == ',' || v[strlen(v) - 1] == ',');
+        if (names) {
+            dt__cli_err("dtrain train: %s %s: not a comma-separated list of module names\n", pat_opt[k], v);
+            return 2;
+        }
+        if (k < 2 && v && dt_lora_pattern_init(k ? NULL : v, k ? v : NULL, NULL, &pt) < 0) {
+            dt__cli_err("dtrain train: %s: %s\n", pat_opt[k], dt_last_error());
+            return 2;
+        }
+        dt_lora_pattern_free(pt);
     }
     if (o->lora_layers_pattern && !o->lora_layers) {
         dt__cli_err("dtrain train: --lora-layers-pattern goes with --lora-layers-to-transform N[,N...]\n");

@@ -30,6 +30,9 @@ void dt__tuning_free(dt__tuning *t)
     free(t->pattern_buf);
     free(t->pattern_list);
     free(t->layer_list);
+    for (int i = 0; i < 3; i++)
+        free(t->lora_pat[i]);
+    dt_lora_pattern_free(t->pattern);
     memset(t, 0, sizeof *t);
 }
 
@@ -42,6 +45,8 @@ static dt_status dup_str(const cJSON *v, char **out)
         return dt_error(DT_ERR_NO_MEMORY, "out of memory");
     return DT_OK;
 }
+
+static const char *const pat_keys[3] = {"rank_pattern", "alpha_pattern", "exclude_modules"};
 
 dt_status dt__tuning_read(const char *path, dt__tuning *out)
 {
@@ -76,6 +81,11 @@ dt_status dt__tuning_read(const char *path, dt__tuning *out)
             if (st >= 0 && bias < 0)
                 st = dt_error(DT_ERR_FORMAT, "checkpoint %s: its saved LoRA bias setting is unknown", path);
             out->lora_bias = bias < 0 ? DT_LORA_BIAS_NONE : (dt_lora_bias)bias;
+            for (int i = 0; i < 3 && st >= 0; i++) { /* kept as JSON: absent in older checkpoints */
+                const cJSON *v = cJSON_GetObjectItemCaseSensitive(l, pat_keys[i]);
+                if (v && !cJSON_IsNull(v) && !(out->lora_pat[i] = cJSON_PrintUnformatted(v)))
+                    st = dt_error(DT_ERR_NO_MEMORY, "out of memory");
+            }
         }
     }
     if (st >= 0)
@@ -132,6 +142,12 @@ dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
     p->dropout = (float)t->lora_dropout;
     p->rslora = t->lora_rslora;
     p->dora = t->lora_dora;
+    dt_lora_pattern_free(t->pattern);
+    t->pattern = NULL;
+    if ((t->lora_pat[0] || t->lora_pat[1] || t->lora_pat[2]) &&
+        dt_lora_pattern_init(t->lora_pat[0], t->lora_pat[1], t->lora_pat[2], &t->pattern) < 0)
+        return dt_error_wrap(dt_last_status(), "the checkpoint's LoRA patterns");
+    dt_lora_pattern_use(t->pattern, p);
     return DT_OK;
 }
 
@@ -220,6 +236,15 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
         free(save);
         free(lay);
         free(pat);
+        const dt_lora_pattern *pt = dt_lora_pattern_of(lp);
+        for (int k = 0; k < 3; k++) {
+            const char *js = dt_lora_pattern_json(pt, pat_keys[k]);
+            cJSON *v = js ? cJSON_Parse(js) : NULL;
+            if (v)
+                cJSON_AddItemToObject(l, pat_keys[k], v);
+            else
+                cJSON_AddNullToObject(l, pat_keys[k]);
+        }
     } else {
         cJSON_AddNullToObject(o, "lora");
     }
@@ -234,7 +259,7 @@ char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char 
 
 void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora, bool dora,
                          const char *save, const char *layers, const char *layers_pattern, dt_lora_bias bias,
-                         const char *freeze, char *buf, size_t n)
+                         const char *const *pat, const char *freeze, char *buf, size_t n)
 {
     size_t k = 0;
     if (targets)
@@ -248,6 +273,10 @@ void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dr
         k = (size_t)snprintf(buf, n, "no LoRA");
     if (targets && bias && k < n)
         k += (size_t)snprintf(buf + k, n - k, " --lora-bias %s", dt__lora_bias_name(bias));
+    static const char *const flags[3] = {"--lora-rank-pattern", "--lora-alpha-pattern", "exclude_modules"};
+    for (int i = 0; targets && pat && i < 3; i++)
+        if (pat[i] && k < n)
+            k += (size_t)snprintf(buf + k, n - k, " %s '%s'", flags[i], pat[i]);
     if (k < n)
         snprintf(buf + k, n - k, freeze ? " --freeze %s" : "", freeze);
 }
@@ -270,6 +299,18 @@ static bool same_layers(const char *a, const dt_lora_params *p)
     return same;
 }
 
+/* Whether ck's rank_pattern, alpha_pattern and exclude_modules are lp's */
+static bool same_patterns(const dt__tuning *ck, const dt_lora_params *lp)
+{
+    const dt_lora_pattern *pt = dt_lora_pattern_of(lp);
+    for (int k = 0; k < 3; k++) {
+        const char *js = dt_lora_pattern_json(pt, pat_keys[k]);
+        if (!ck->lora_pat[k] != !js || (js && strcmp(js, ck->lora_pat[k])))
+            return false;
+    }
+    return true;
+}
+
 bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_params *lp, const char *freeze)
 {
     if (!ck->lora_targets != !targets || !ck->freeze != !freeze || (freeze && strcmp(ck->freeze, freeze)))
@@ -279,5 +320,5 @@ bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_pa
     return !strcmp(ck->lora_targets, targets) && ck->lora_r == lp->r && (float)ck->lora_alpha == lp->alpha &&
            (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora && ck->lora_dora == lp->dora &&
            same_names(ck->lora_save, lp->modules_to_save) && same_names(ck->lora_layers_pattern, lp->layers_pattern) &&
-           same_layers(ck->lora_layers, lp) && ck->lora_bias == lp->bias;
+           same_layers(ck->lora_layers, lp) && ck->lora_bias == lp->bias && same_patterns(ck, lp);
 }

@@ -53,6 +53,8 @@ typedef struct {
     int64_t *layers;              /* --lora-layers-to-transform (t->lora.layers) */
     char *pattern_buf;            /* --lora-layers-pattern split at its commas */
     const char **patterns;        /* NULL-terminated (t->lora.layers_pattern) */
+    dt_lora_pattern *lora_pattern; /* rank_pattern, alpha_pattern, exclude_modules (t->lora's callbacks), or NULL */
+    char *exclude_json;           /* --lora-exclude-modules as a JSON list */
     dt__tuning ck_tuning;         /* the LoRA/--freeze settings of the checkpoint resumed or evaluated */
     char *ck_path;                /* that checkpoint (NULL: none) */
     const char *vocab_from;       /* where the GPT vocabulary size came from (messages) */

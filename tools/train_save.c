@@ -238,8 +238,8 @@ int dt__tr_save_outputs(dt__train_run *t)
             dt_hf_save_params p = dt_hf_save_params_default();
             if (t->o.hf_shard_size)
                 p.max_shard_bytes = t->o.hf_shard_size;
-            if (t->lora_targets)
-                p.lora_scaling = dt_lora_scaling(&t->lora);
+            if (t->lora_targets) /* each layer's own scaling (rank_pattern, alpha_pattern) */
+                p.lora_scaling = dt_lora_scaling(&t->lora), p.lora = &t->lora;
             char tokp[4200];
             p.tokenizer = save_hf_tokenizer(t, tokp, sizeof tokp);
             p.chat_template = t->o.chat_template && t->tok ? dt_tokenizer_chat_template(t->tok) : NULL;

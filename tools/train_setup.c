@@ -124,6 +124,9 @@ int dt__tr_lora_from(dt__train_run *t)
     t->o.lora_dropout = t->peft.params.dropout;
     t->o.lora_rslora = t->peft.params.rslora;
     t->o.lora_dora = t->peft.params.dora;
+    t->o.lora_rank_pattern = dt_lora_pattern_json(t->peft.pattern, "rank_pattern");
+    t->o.lora_alpha_pattern = dt_lora_pattern_json(t->peft.pattern, "alpha_pattern");
+    t->o.lora_exclude_json = dt_lora_pattern_json(t->peft.pattern, "exclude_modules");
     return 0;
 }
 
@@ -166,6 +169,9 @@ static int ckpt_tuning(dt__train_run *t, const char *eval_ckpt)
         t->o.lora_layers = t->ck_tuning.lora_layers;
         t->o.lora_layers_pattern = t->ck_tuning.lora_layers_pattern;
         t->o.lora_bias = t->ck_tuning.lora_bias ? dt__lora_bias_name(t->ck_tuning.lora_bias) : NULL;
+        t->o.lora_rank_pattern = t->ck_tuning.lora_pat[0];
+        t->o.lora_alpha_pattern = t->ck_tuning.lora_pat[1];
+        t->o.lora_exclude_json = t->ck_tuning.lora_pat[2];
     }
     return 0;
 }
@@ -178,13 +184,47 @@ static int check_tuning(dt__train_run *t, const char *eval_ckpt)
         return 0;
     char ck[1500], here[1500];
     dt__tuning_describe(c->lora_targets, c->lora_r, c->lora_alpha, c->lora_dropout, c->lora_rslora, c->lora_dora,
-                        c->lora_save, c->lora_layers, c->lora_layers_pattern, c->lora_bias, c->freeze, ck, sizeof ck);
+                        c->lora_save, c->lora_layers, c->lora_layers_pattern, c->lora_bias,
+                        (const char *const *)c->lora_pat, c->freeze, ck, sizeof ck);
+    const char *pat[3];
+    for (int k = 0; k < 3; k++)
+        pat[k] = dt_lora_pattern_json(t->lora_pattern, (const char *const[]){"rank_pattern", "alpha_pattern",
+                                                                            "exclude_modules"}[k]);
     dt__tuning_describe(t->o.lora_targets, t->lora.r, t->lora.alpha, t->lora.dropout, t->lora.rslora, t->lora.dora,
-                        t->o.lora_save_modules, t->o.lora_layers, t->o.lora_layers_pattern, t->lora.bias, t->o.freeze,
-                        here, sizeof here);
+                        t->o.lora_save_modules, t->o.lora_layers, t->o.lora_layers_pattern, t->lora.bias, pat,
+                        t->o.freeze, here, sizeof here);
     dt__cli_err("dtrain train: %s %s was trained with %s; this command has %s: give the checkpoint's settings, or "
                 "none (they are then taken from it)\n", eval_ckpt ? "--ckpt" : "--resume", t->ck_path, ck, here);
     return 2;
+}
+
+/* --lora-rank-pattern, --lora-alpha-pattern and --lora-exclude-modules (or --lora-from's or the checkpoint's) as
+ * t->lora's per-layer callbacks */
+static int lora_patterns(dt__train_run *t)
+{
+    const char *ex = t->o.lora_exclude_json;
+    if (t->o.lora_exclude_modules) { /* names, as a JSON list */
+        cJSON *l = cJSON_CreateArray();
+        char *buf = strdup(t->o.lora_exclude_modules);
+        for (char *s = buf, *c; l && s; s = c) {
+            if ((c = strchr(s, ',')))
+                *c++ = 0;
+            cJSON_AddItemToArray(l, cJSON_CreateString(s));
+        }
+        t->exclude_json = l && buf ? cJSON_PrintUnformatted(l) : NULL;
+        cJSON_Delete(l);
+        free(buf);
+        if (!(ex = t->exclude_json))
+            return dt__tr_fail(1, "--lora-exclude-modules");
+    }
+    if (!t->o.lora_rank_pattern && !t->o.lora_alpha_pattern && !ex)
+        return 0;
+    if (dt_lora_pattern_init(t->o.lora_rank_pattern, t->o.lora_alpha_pattern, ex, &t->lora_pattern) < 0)
+        return dt__tr_fail(dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2, t->o.lora_from ? "--lora-from"
+                           : t->ck_path && t->o.lora_targets == t->ck_tuning.lora_targets ? "the checkpoint's LoRA"
+                                                                                        : "--lora-*-pattern");
+    dt_lora_pattern_use(t->lora_pattern, &t->lora);
+    return 0;
 }
 
 /* --freeze and --lora-*: the patterns and targets (each --freeze pattern
@@ -231,6 +271,8 @@ int dt__tr_freeze_patterns(dt__train_run *t, const char *eval_ckpt)
             return rc;
         t->lora.layers_pattern = t->patterns;
     }
+    if ((rc = lora_patterns(t)))
+        return rc;
     return check_tuning(t, eval_ckpt);
 }
 
@@ -267,9 +309,12 @@ static int freeze_report(dt__train_run *t)
                t->lora_targets ? "LoRA (adapters on " : "--freeze ", t->lora_targets ? t->o.lora_targets : t->o.freeze,
                t->lora_targets ? ")" : "", dt_model_param_count(t->model));
     if (dt__ddp_is_main(&t->ddp) && t->lora_targets && !t->eval_json)
-        printf("LoRA: r %lld, alpha %g, dropout %g, scaling %g%s%s\n", (long long)t->lora.r, (double)t->lora.alpha,
-               (double)t->lora.dropout, (double)dt_lora_scaling(&t->lora), t->lora.rslora ? " (rsLoRA)" : "",
-               t->lora.dora ? ", DoRA" : "");
+        printf("LoRA: r %lld, alpha %g, dropout %g, scaling %g%s%s%s\n", (long long)t->lora.r,
+               (double)t->lora.alpha, (double)t->lora.dropout, (double)dt_lora_scaling(&t->lora),
+               t->lora.rslora ? " (rsLoRA)" : "", t->lora.dora ? ", DoRA" : "",
+               t->lora.layer_rank ? "; per layer by rank_pattern, alpha_pattern" : "");
+    if (dt__ddp_is_main(&t->ddp) && t->lora_pattern)
+        dt_lora_pattern_warn(t->lora_pattern, &t->lora);
     return 0;
 }
 

@@ -463,8 +463,10 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * adapted layer's under "base_model.model.L.base_layer.bias"),
  * fan_in_fan_out true for Conv1D targets (and tensor-parallel layers
  * whose weight is [in, out]: dt_lora_hook.weight_in_out), base_model_name_or_path =
- * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
- * sorted). Both files atomic. The adapters must be in this process's
+ * base_model or null, rank_pattern, alpha_pattern and exclude_modules as
+ * p's dt_lora_pattern holds them (dt_lora_pattern_use; a layer_rank or
+ * exclude callback of another kind is DT_ERR_UNSUPPORTED), the other
+ * LoraConfig fields at PEFT's defaults; keys sorted). Both files atomic. The adapters must be in this process's
  * memory (not a ZeRO-3 shard, a tensor-parallel slice or another pipeline
  * stage's): DT_ERR_STATE.
  * DT_ERR_NOT_FOUND when m has no adapters, DT_ERR_IO naming the path. */
@@ -487,6 +489,55 @@ DT_API dt_status dt_lora_save_peft_from(const dt_model *m, const char *src, cons
  * end of a run, to refuse such a dir at the start. */
 DT_API dt_status dt_lora_save_peft_check(const char *dir);
 
+/* PEFT's per-layer LoRA settings (LoraConfig's rank_pattern, alpha_pattern
+ * and exclude_modules), which a dt_lora_params carries as its layer_rank
+ * and exclude callbacks (dt_lora_pattern_use). A key K of rank_pattern or
+ * alpha_pattern (a regular expression in dtrain's tokenizer.json regex
+ * dialect) names layer N when N is K whole or a dotted prefix then K
+ * (PEFT's re.match(rf"(.*\.)?({K})$", N)); the first key in the object's
+ * order that names a layer gives its rank (an integer in 1..65536) or its
+ * alpha (a number > 0); other layers keep r and alpha. exclude_modules: a
+ * string is a regular expression a module's whole name matches
+ * (re.fullmatch), a list names modules by their name or its end after a
+ * "." (as target_modules does); an excluded module is never adapted.
+ *
+ *     dt_lora_pattern *pt;
+ *     dt_lora_pattern_init("{\"q_proj\": 4}", "{\"o_proj\": 32}", "[\"lm_head\"]", &pt);
+ *     dt_lora_pattern_use(pt, &lora);    // before dt_model_build; pt outlives the build
+ *     ...build...
+ *     dt_lora_pattern_warn(pt, &lora);   // keys that named no layer
+ *     dt_lora_pattern_free(pt);
+ */
+typedef struct dt_lora_pattern dt_lora_pattern;
+/* The patterns from their JSON texts, each NULL for none: rank_pattern and
+ * alpha_pattern JSON objects (or null), exclude_modules a string, a list
+ * of module names or null. DT_ERR_FORMAT naming the setting and the key
+ * for bad JSON, a duplicate key, a value out of range or a malformed
+ * regular expression (DT_ERR_UNSUPPORTED for a construct the engine does
+ * not have, such as a backreference). Free with dt_lora_pattern_free. */
+DT_API dt_status dt_lora_pattern_init(const char *rank_pattern, const char *alpha_pattern,
+                                      const char *exclude_modules, dt_lora_pattern **out);
+/* NULL: a no-op. */
+DT_API void dt_lora_pattern_free(dt_lora_pattern *pt);
+/* Set p's layer_rank, exclude and layer_ud to pt's (NULL, or empty
+ * patterns: cleared). pt must outlive every use of p's callbacks (the
+ * build, dt_lora_layer_scaling, dt_lora_save_peft); the callbacks count
+ * the layers each key named, for dt_lora_pattern_warn (not thread-safe). */
+DT_API void dt_lora_pattern_use(dt_lora_pattern *pt, dt_lora_params *p);
+/* The JSON (compact, keys in the given order) of pt's "rank_pattern",
+ * "alpha_pattern" or "exclude_modules" (key), NULL when pt has none of it
+ * (an empty object, null). Borrowed from pt. */
+DT_API const char *dt_lora_pattern_json(const dt_lora_pattern *pt, const char *key);
+/* The dt_lora_pattern whose callbacks p carries (dt_lora_pattern_use),
+ * else NULL. */
+DT_API dt_lora_pattern *dt_lora_pattern_of(const dt_lora_params *p);
+/* After a build with p (dt_lora_pattern_use(pt, p)): a warning (dt_log,
+ * DT_LOG_WARN) for each rank_pattern or alpha_pattern key that named no
+ * adapted layer, and for exclude_modules that excluded no module (unless
+ * p has modules to save, which PEFT counts as excluded), as PEFT warns;
+ * the number of warnings. */
+DT_API size_t dt_lora_pattern_warn(const dt_lora_pattern *pt, const dt_lora_params *p);
+
 /* PEFT's adapter_config.json, read by dt_lora_peft_config_read. */
 typedef struct dt_lora_peft_config {
     dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora, use_dora; targets = target_names */
@@ -497,6 +548,8 @@ typedef struct dt_lora_peft_config {
     char base_model[1024];  /* base_model_name_or_path, "" when null */
     size_t left_out;        /* adapter tensors of an image-text model's vision tower or projector in the file,
                                which dt_trainer_load_peft leaves out (0 for a text model's adapters) */
+    dt_lora_pattern *pattern; /* rank_pattern, alpha_pattern, exclude_modules (owned; set on params:
+                                 dt_lora_pattern_use), NULL when the file has none */
 } dt_lora_peft_config;
 /* Read dir/adapter_config.json (PEFT's save_pretrained) into *out: the
  * settings to build the model with (dt_model_build_params.lora =
@@ -512,15 +565,18 @@ typedef struct dt_lora_peft_config {
  * position).
  * Errors name the file and the key: DT_ERR_NOT_FOUND without the file,
  * DT_ERR_FORMAT for a malformed value, DT_ERR_UNSUPPORTED for what dtrain's
- * adapters do not express (peft_type other than LORA, lora_bias, rank/alpha
- * patterns, exclude_modules): refused, never dropped. layers_to_transform
+ * adapters do not express (peft_type other than LORA, lora_bias,
+ * trainable_token_indices, ...): refused, never dropped. rank_pattern,
+ * alpha_pattern and exclude_modules read as out->pattern (dt_lora_pattern),
+ * set on params. layers_to_transform
  * and layers_pattern read as params.layers / nlayers / layers_pattern
  * (out->layers, out->layer_patterns), bias as params.bias. use_dora true reads
  * as params.dora (DoRA), modules_to_save as params.modules_to_save
  * (out->save_names); dt_trainer_load_peft then loads those modules' weights
  * too.
  * dir/adapter_model.safetensors's header is read too: an adapter whose rank
- * is not r (lora_A [r, in], lora_B [out, r]) is DT_ERR_MISMATCH naming it,
+ * is not its layer's (r, or rank_pattern's: lora_A [r, in], lora_B
+ * [out, r]) is DT_ERR_MISMATCH naming it and both ranks,
  * before any model is built at that rank; DoRA magnitudes
  * ("...lora_magnitude_vector") in a file whose config has no use_dora are
  * DT_ERR_FORMAT naming the key; DT_ERR_NOT_FOUND without the file.

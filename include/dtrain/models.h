@@ -462,6 +462,11 @@ typedef struct dt_hf_save_params {
                                  (transposed for a GPT-2 Conv1D), in f32; lora_scaling is alpha / r
                                  (alpha / sqrt(r) with rsLoRA). Default 0: a source with adapters
                                  is refused (DT_ERR_INVALID_ARG), never exported as its base */
+    const dt_lora_params *lora; /* the adapters' settings (NULL: default): with them each layer's
+                                 scaling is its own (dt_lora_layer_scaling: PEFT's rank_pattern
+                                 and alpha_pattern), in place of lora_scaling; an adapter whose
+                                 rank is not its layer's is DT_ERR_SHAPE naming it (borrowed
+                                 during the call) */
     const char *tokenizer;    /* a tokenizer.json (or a directory holding one) to write with the model:
                                  copied byte for byte, with tokenizer_config.json and
                                  special_tokens_map.json (tokenizer.h dt_tokenizer_hf_files), so

@@ -463,7 +463,10 @@ DT_API void dt_module_clear_hooks(dt_module *m);
  * (weight [in, out], GPT-2's) gets lora_A.weight [r, in] (U(+-1/sqrt(in)):
  * kaiming_uniform with a = sqrt(5)) and lora_B.weight [out, r] (zeros, so
  * the model starts as the base), and computes base(x) + scaling *
- * B(A(dropout(x))), scaling = alpha / r (alpha / sqrt(r) with rslora).
+ * B(A(dropout(x))), scaling = alpha / r (alpha / sqrt(r) with rslora); with
+ * layer_rank (PEFT's rank_pattern, alpha_pattern) each layer its own r and
+ * alpha, so its own scaling. A module exclude names (PEFT's
+ * exclude_modules) is never adapted.
  * Every other parameter of the model is frozen (dt_model_build_params.frozen
  * semantics): only the adapters train, and the modules_to_save and the
  * biases that bias names (PEFT's settings of those names, below).
@@ -512,6 +515,22 @@ typedef struct dt_lora_params {
     size_t nlayers;
     const char *const *layers_pattern; /* PEFT's layers_pattern (NULL-terminated), or NULL */
     dt_lora_bias bias;           /* PEFT's bias (default DT_LORA_BIAS_NONE) */
+    dt_status (*layer_rank)(void *ud, const char *layer, int64_t *r, float *alpha);
+                                 /* optional (default NULL: every layer r and alpha): called with
+                                    layer_ud for each layer about to be adapted, its full path
+                                    ("model.layers.0.self_attn.q_proj") and *r = r, *alpha = alpha,
+                                    which it may change for that layer (PEFT's rank_pattern and
+                                    alpha_pattern: ckpt.h dt_lora_pattern): the layer gets lora_A
+                                    [*r, in], lora_B [out, *r] and the scaling *alpha / *r
+                                    (dt_lora_layer_scaling); a status < 0 stops the build with it.
+                                    Also called by dt_lora_layer_scaling */
+    bool (*exclude)(void *ud, const char *module);
+                                 /* optional (default NULL: none): PEFT's exclude_modules, called
+                                    with layer_ud for each module path the build considers; true:
+                                    the module is never adapted, even when a target names it
+                                    (the modules inside it still are considered) */
+    void *layer_ud;              /* passed to layer_rank and exclude (borrowed while they can be
+                                    called; default NULL) */
 } dt_lora_params;
 DT_API dt_lora_params dt_lora_params_default(void);
 /* DoRA's magnitudes' child module (PEFT's name; its parameter "weight"). */
@@ -528,8 +547,17 @@ DT_API size_t dt_lora_layer_len(const char *name);
 /* Whether targets are {"all-linear", NULL} (PEFT's shorthand: every Linear
  * and Conv1D layer but the output layer). */
 DT_API bool dt_lora_targets_all_linear(const char *const *targets);
-/* The adapters' scaling: alpha / r, or alpha / sqrt(r) with rslora. */
+/* The adapters' scaling: alpha / r, or alpha / sqrt(r) with rslora (p's
+ * own r and alpha: a layer of a model built with layer_rank has its own,
+ * dt_lora_layer_scaling). */
 DT_API float dt_lora_scaling(const dt_lora_params *p);
+/* Layer `layer`'s rank and scaling under p (either out-parameter may be
+ * NULL): p's layer_rank applied to r and alpha (when set), then
+ * alpha_l / r_l (alpha_l / sqrt(r_l) with rslora), as the build gives
+ * that layer. DT_ERR_INVALID_ARG when layer_rank gives a rank outside
+ * 1..65536 or an alpha not > 0, naming the layer; layer_rank's own
+ * errors as it returns them. */
+DT_API dt_status dt_lora_layer_scaling(const dt_lora_params *p, const char *layer, int64_t *r, float *scaling);
 
 /* How LoRA adapts a custom layer that holds a slice of a larger linear
  * layer (a tensor-parallel layer, tp.h, sets it when it makes the layer;
@@ -542,7 +570,7 @@ DT_API float dt_lora_scaling(const dt_lora_params *p);
  * in. The adapters' modules join `group` (dt_module.tp). With the
  * adapters added, the layer's forward is fwd(ctx, layer, x, the hook):
  * the base's output plus the adapters' (lora_A, lora_B, lora_dropout
- * children; the scaling, dt_lora_scaling, is kept in lora_A's eps),
+ * children; the layer's scaling, dt_lora_layer_scaling, is kept in lora_A's eps),
  * with whatever collectives the split needs. */
 typedef struct dt_lora_hook {
     int64_t in, out;           /* the full layer's features */

@@ -17,10 +17,25 @@
 
 #define PREFIX "base_model.model."
 
+/* pt's setting key as a JSON value (its own order), else def */
+static cJSON *pattern_value(const dt_lora_pattern *pt, const char *key, cJSON *def)
+{
+    const char *js = dt_lora_pattern_json(pt, key);
+    cJSON *v = js ? cJSON_Parse(js) : NULL;
+    if (!v)
+        return def;
+    cJSON_Delete(def);
+    return v;
+}
+
 /* The adapters' values from m's memory (ck NULL) or from checkpoint ck. */
 static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, const dt_lora_params *p,
                            const char *base_model, const char *dir)
 {
+    const dt_lora_pattern *pt = dt_lora_pattern_of(p);
+    if ((p->layer_rank || p->exclude) && !pt)
+        return dt_error(DT_ERR_UNSUPPORTED, "LoRA adapters %s: per-layer settings of a layer_rank or exclude callback "
+                        "other than a dt_lora_pattern's have no adapter_config.json form", dir);
     /* the files are never written through a symlink, nor is the directory */
     if (dt_dir_make(dir) < 0)
         return dt_error_wrap(dt_last_status(), "LoRA adapters");
@@ -141,7 +156,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             snprintf(layer, sizeof layer, "%.*s", (int)(strlen(pi.name) - sl), pi.name);
             cJSON_AddItemToArray(targets, cJSON_CreateString(layer));
         }
-        cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
+        cJSON_AddItemToObject(c, "alpha_pattern", pattern_value(pt, "alpha_pattern", cJSON_CreateObject()));
         cJSON_AddNullToObject(c, "auto_mapping");
         if (base_model)
             cJSON_AddStringToObject(c, "base_model_name_or_path", base_model);
@@ -151,7 +166,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
                                            : p->bias == DT_LORA_BIAS_LORA_ONLY ? "lora_only"
                                                                                : "none");
         cJSON_AddBoolToObject(c, "ensure_weight_tying", tied); /* a tied weight saved: it trained as one */
-        cJSON_AddNullToObject(c, "exclude_modules");
+        cJSON_AddItemToObject(c, "exclude_modules", pattern_value(pt, "exclude_modules", cJSON_CreateNull()));
         cJSON_AddBoolToObject(c, "fan_in_fan_out", fan_in_fan_out);
         cJSON_AddBoolToObject(c, "inference_mode", true);
         cJSON_AddBoolToObject(c, "init_lora_weights", true);
@@ -180,7 +195,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             cJSON_AddNullToObject(c, "modules_to_save"), cJSON_Delete(save);
         cJSON_AddStringToObject(c, "peft_type", "LORA");
         cJSON_AddNumberToObject(c, "r", (double)p->r);
-        cJSON_AddItemToObject(c, "rank_pattern", cJSON_CreateObject());
+        cJSON_AddItemToObject(c, "rank_pattern", pattern_value(pt, "rank_pattern", cJSON_CreateObject()));
         cJSON_AddNullToObject(c, "revision");
         cJSON_AddItemToObject(c, "target_modules", targets);
         cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
@@ -373,6 +388,24 @@ static dt_status target_regex(const char *file, const char *pat, dt__re **out)
     return st;
 }
 
+/* The rank PEFT gives the layer of adapter key `key` (rank_pattern's, else r) into *rl, *why saying where it is set */
+static dt_status layer_rank(dt_lora_pattern *pt, const char *key, int64_t r, int64_t *rl, const char **why)
+{
+    char layer[1024];
+    dt_lora_params p = dt_lora_params_default();
+    p.r = r;
+    dt_lora_pattern_use(pt, &p);
+    *rl = r, *why = "\"r\"";
+    if (!p.layer_rank || !adapter_layer(key, layer, sizeof layer))
+        return DT_OK;
+    int64_t k = 0; /* no key: stays 0 */
+    float al = 1;
+    dt_status st = p.layer_rank(p.layer_ud, layer, &k, &al);
+    if (st >= 0 && k > 0)
+        *rl = k, *why = "\"rank_pattern\"";
+    return st;
+}
+
 /* Every adapter in dir/adapter_model.safetensors at rank r: PEFT's loader
  * would refuse the sizes, and a model built at a wrong rank (r 65536 for
  * weights of 16) could need far more memory than the adapters ever held.
@@ -383,8 +416,8 @@ static dt_status target_regex(const char *file, const char *pat, dt__re **out)
  * Then the file seen as the text model's adapters (dt__lora_peft_view):
  * *left_out of an image-text model's vision tower, a vision-only file or
  * a key under two names refused before any model is built. */
-static dt_status check_adapters(const char *dir, int64_t r, bool dora, size_t *left_out, const dt__re *re,
-                                const char *pat, char ***targets)
+static dt_status check_adapters(const char *dir, int64_t r, dt_lora_pattern *pt, bool dora, size_t *left_out,
+                                const dt__re *re, const char *pat, char ***targets)
 {
     char file[4200], layer[1024];
     snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
@@ -398,15 +431,18 @@ static dt_status check_adapters(const char *dir, int64_t r, bool dora, size_t *l
         const bool a = strlen(t.name) > 14 && !strcmp(t.name + strlen(t.name) - 14, ".lora_A.weight");
         size_t ms, me;
         int m = 1;
+        int64_t rl = r;
+        const char *why = "";
         bool mag;
         if (dt__lora_peft_key(t.name, &mag) && mag && (!dora || t.ndim != 1))
             st = dt_error(dora ? DT_ERR_MISMATCH : DT_ERR_FORMAT, "%s: tensor '%s' %s", file, t.name,
                           dora ? "is not one-dimensional (DoRA's magnitudes: one per output feature)"
                                : "holds DoRA magnitudes, but \"use_dora\" in adapter_config.json is not true");
-        else if (dt_lora_is_adapter(t.name) && (t.ndim != 2 || t.shape[a ? 0 : 1] != r))
-            st = dt_error(DT_ERR_MISMATCH, "%s: tensor '%s' is not of rank %lld (\"r\" in adapter_config.json): "
-                          "shape [%lld, %lld]", file, t.name, (long long)r, (long long)t.shape[0],
-                          (long long)(t.ndim > 1 ? t.shape[1] : 0));
+        else if (dt_lora_is_adapter(t.name) && (st = layer_rank(pt, t.name, r, &rl, &why)) >= 0 &&
+                 (t.ndim != 2 || t.shape[a ? 0 : 1] != rl))
+            st = dt_error(DT_ERR_MISMATCH, "%s: tensor '%s' is not of rank %lld (%s in adapter_config.json): shape "
+                          "[%lld, %lld], rank %lld", file, t.name, (long long)rl, why, (long long)t.shape[0],
+                          (long long)(t.ndim > 1 ? t.shape[1] : 0), (long long)(t.ndim == 2 ? t.shape[a ? 0 : 1] : 0));
         else if (re && adapter_layer(t.name, layer, sizeof layer) &&
                  (m = dt__re_search(re, &sc, (const unsigned char *)layer, strlen(layer), 0, &ms, &me)) <= 0)
             st = m < 0 ? dt_error(DT_ERR_NO_MEMORY, "%s: out of memory matching target_modules", file)
@@ -432,6 +468,32 @@ static dt_status check_adapters(const char *dir, int64_t r, bool dora, size_t *l
     if (re && st >= 0 && k == 0)
         st = dt_error(DT_ERR_FORMAT, "%s: no LoRA adapter (no key ending in .lora_A.weight)", file);
     dt_ckpt_close(ck);
+    return st;
+}
+
+/* rank_pattern, alpha_pattern and exclude_modules into out->pattern (none: NULL) */
+static dt_status read_patterns(const char *file, const cJSON *c, dt_lora_peft_config *out)
+{
+    static const char *const keys[] = {"rank_pattern", "alpha_pattern", "exclude_modules"};
+    char *js[3] = {NULL, NULL, NULL};
+    dt_status st = DT_OK;
+    bool any = false;
+    for (int i = 0; i < 3 && st >= 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, keys[i]);
+        if (at_default(v) && !(cJSON_IsString(v) && v->valuestring[0])) /* "none" is a regular expression here */
+            continue;
+        if (i < 2 ? !cJSON_IsObject(v) : !cJSON_IsString(v) && !cJSON_IsArray(v))
+            st = dt_error(DT_ERR_FORMAT, "%s: \"%s\" must be %s", file, keys[i],
+                          i < 2 ? "an object of layer name patterns to values" : "a regular expression, a list of "
+                          "module names or null");
+        else if (!(js[i] = cJSON_PrintUnformatted(v)))
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+        any = true;
+    }
+    if (st >= 0 && any && (st = dt_lora_pattern_init(js[0], js[1], js[2], &out->pattern)) < 0)
+        st = dt_error_wrap(st, "%s", file);
+    for (int i = 0; i < 3; i++)
+        cJSON_free(js[i]);
     return st;
 }
 
@@ -507,6 +569,8 @@ void dt_lora_peft_config_free(dt_lora_peft_config *c)
     free(c->save_names);
     free(c->layer_patterns);
     free(c->layers);
+    dt_lora_pattern_free(c->pattern);
+    c->pattern = NULL;
     c->target_names = c->save_names = c->layer_patterns = NULL;
     c->layers = NULL;
     c->params.targets = c->params.modules_to_save = c->params.layers_pattern = NULL;
@@ -544,8 +608,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(c, "target_modules");
     const cJSON *bm = cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path");
     /* what dtrain's adapters do not express: refused by name, never dropped */
-    static const char *const must_default[] = {"lora_bias", "rank_pattern", "alpha_pattern", "exclude_modules",
-                                               "trainable_token_indices", "use_qalora", "megatron_config",
+    static const char *const must_default[] = {"lora_bias", "trainable_token_indices", "use_qalora", "megatron_config",
                                                "target_parameters", "layer_replication", "use_bdlora"};
     if (!cJSON_IsString(pt))
         st = dt_error(DT_ERR_FORMAT, "%s: no \"peft_type\" string (PEFT writes \"LORA\")", file);
@@ -555,7 +618,9 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     for (size_t i = 0; st >= 0 && i < sizeof must_default / sizeof must_default[0]; i++)
         if (!at_default(cJSON_GetObjectItemCaseSensitive(c, must_default[i])))
             st = bad_key(file, must_default[i], "is set: dtrain's LoRA has plain or DoRA adapters on every target "
-                         "layer it selects (no adapter biases, per-layer ranks or excluded modules)");
+                         "layer it selects (no adapter biases, trainable tokens or other layer kinds)");
+    if (st >= 0)
+        st = read_patterns(file, c, out);
     if (st >= 0 && (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 65536 ||
                     r->valuedouble != (double)(int64_t)r->valuedouble))
         st = dt_error(DT_ERR_FORMAT, "%s: \"r\" must be an integer in 1..65536", file);
@@ -605,7 +670,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
             st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
     }
     if (st >= 0)
-        st = check_adapters(dir, (int64_t)r->valuedouble, cJSON_IsTrue(ud), &out->left_out, re,
+        st = check_adapters(dir, (int64_t)r->valuedouble, out->pattern, cJSON_IsTrue(ud), &out->left_out, re,
                             re ? tm->valuestring : NULL, &out->target_names);
     dt__re_free(re);
     if (st >= 0) {
@@ -622,6 +687,7 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         out->params.layers = out->layers;
         out->params.layers_pattern = (const char *const *)out->layer_patterns;
         out->params.targets = (const char *const *)out->target_names;
+        dt_lora_pattern_use(out->pattern, &out->params);
         if (cJSON_IsString(bm))
             snprintf(out->base_model, sizeof out->base_model, "%s", bm->valuestring);
     } else {

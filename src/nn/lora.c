@@ -5,7 +5,8 @@
  * [r, in], kaiming_uniform with a = sqrt(5): U(+-1/sqrt(in))), lora_B
  * (weight [out, r], zeros) and, with dropout, lora_dropout; its forward is
  * replaced (dt_module_set_forward) by base(x) + scaling * B(A(dropout(x))),
- * scaling = alpha / r (alpha / sqrt(r) with rslora), kept in lora_A's eps
+ * scaling = alpha / r (alpha / sqrt(r) with rslora; r and alpha the layer's
+ * own with dt_lora_params.layer_rank, PEFT's rank_pattern), kept in lora_A's eps
  * field. The base layer is untouched: its parameters keep their names
  * ("h.0.attn.c_attn.weight") and the adapters are named as PEFT names them
  * in memory without the adapter name ("h.0.attn.c_attn.lora_A.weight"). The
@@ -38,7 +39,7 @@ dt_lora_params dt_lora_params_default(void)
 {
     return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false, .dora = false,
                             .modules_to_save = NULL, .layers = NULL, .nlayers = 0, .layers_pattern = NULL,
-                            .bias = DT_LORA_BIAS_NONE};
+                            .bias = DT_LORA_BIAS_NONE, .layer_rank = NULL, .exclude = NULL, .layer_ud = NULL};
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -66,6 +67,23 @@ size_t dt_lora_layer_len(const char *name)
 float dt_lora_scaling(const dt_lora_params *p)
 {
     return p->rslora ? p->alpha / sqrtf((float)p->r) : p->alpha / (float)p->r;
+}
+
+dt_status dt_lora_layer_scaling(const dt_lora_params *p, const char *layer, int64_t *r, float *scaling)
+{
+    int64_t rl = p->r;
+    float al = p->alpha;
+    dt_status st = p->layer_rank ? p->layer_rank(p->layer_ud, layer, &rl, &al) : DT_OK;
+    if (st < 0)
+        return st;
+    if (rl < 1 || rl > (1 << 16) || !(al > 0))
+        return dt_error(DT_ERR_INVALID_ARG, "LoRA layer '%s': rank %lld must be in 1..65536 and alpha %g > 0", layer,
+                        (long long)rl, (double)al);
+    if (r)
+        *r = rl;
+    if (scaling)
+        *scaling = p->rslora ? al / sqrtf((float)rl) : al / (float)rl;
+    return DT_OK;
 }
 
 static dt_tensor *none_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
@@ -375,6 +393,11 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     if (p->dora && h) /* the row norms of a sliced layer would need its other ranks' columns */
         return dt_error(DT_ERR_UNSUPPORTED, "LoRA target '%s': DoRA on a tensor-parallel layer is not supported "
                         "(train DoRA without --tp)", path);
+    int64_t r;
+    float scaling;
+    dt_status st = dt_lora_layer_scaling(p, path, &r, &scaling);
+    if (st < 0)
+        return st;
     a_in = in, b_out = out;
     if (h) {
         const int64_t t = h->ranks, c = h->chunks > 1 ? h->chunks : 1;
@@ -391,21 +414,21 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
         else
             a_in = in / t;
     }
-    dt_nn_param_spec sa = {.name = "weight", .ndim = 2, .shape = {p->r, a_in}, .init = DT_NN_INIT_UNIFORM,
+    dt_nn_param_spec sa = {.name = "weight", .ndim = 2, .shape = {r, a_in}, .init = DT_NN_INIT_UNIFORM,
                            .a = 1.0f / sqrtf((float)in), .tp_dim = h && h->split == 2 ? 2 : 0};
-    dt_nn_param_spec sb = {.name = "weight", .ndim = 2, .shape = {b_out, p->r}, .init = DT_NN_INIT_ZEROS,
+    dt_nn_param_spec sb = {.name = "weight", .ndim = 2, .shape = {b_out, r}, .init = DT_NN_INIT_ZEROS,
                            .tp_dim = h && h->split == 1 ? 1 : 0, .tp_chunks = h && h->split == 1 ? h->chunks : 0};
     if (h && h->split == 1) /* lora_B's rows sliced as the layer's output: its blocks' sizes too */
         memcpy(sb.tp_chunk_rows, h->chunk_rows, sizeof sb.tp_chunk_rows);
     dt_module *a = dt_nn_custom("LoraA", 1, &sa, none_forward, NULL);
     dt_module *b = dt_nn_custom("LoraB", 1, &sb, none_forward, NULL);
-    dt_status st = !a || !b ? DT_ERR_NO_MEMORY : DT_OK;
+    st = !a || !b ? DT_ERR_NO_MEMORY : DT_OK;
     if (st < 0) {
         dt_module_free(a);
         dt_module_free(b);
         return dt_error(st, "LoRA target '%s': out of memory", path);
     }
-    a->eps = dt_lora_scaling(p);
+    a->eps = scaling;
     if (h)
         a->tp = b->tp = h->group;
     if ((st = add_child(m, "lora_A", a)) < 0) {
@@ -453,8 +476,9 @@ static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, i
             return dt_error(DT_ERR_NO_MEMORY, "LoRA: out of memory");
         snprintf(cp, l, "%s%s%s", path, path[0] ? "." : "", c->name);
         dt_status st = DT_OK;
+        const bool excluded = p->exclude && p->exclude(p->layer_ud, cp); /* asked of every module (PEFT's) */
         if (saved_name(cp, p->modules_to_save)) { /* a module to save trains whole: no adapters in it (PEFT's) */
-        } else if (all ? adaptable(c) && !is_output(cp) && in_layers(cp, p) : targeted(cp, p)) {
+        } else if (!excluded && (all ? adaptable(c) && !is_output(cp) && in_layers(cp, p) : targeted(cp, p))) {
             st = adapt(c, cp, p);
             (*n)++;
         } else {
@@ -484,7 +508,8 @@ dt_status dt__lora_apply(dt_module *root, const dt_lora_params *p)
         return st;
     if (n == 0)
         return dt_error(DT_ERR_NOT_FOUND, "LoRA: no layer matches the targets (%s%s)%s: layer names end in them, "
-                        "as c_attn, c_proj, c_fc in GPT-2", p->targets[0], p->targets[1] ? ", ..." : "",
-                        p->nlayers ? " in the layers of layers_to_transform (and layers_pattern)" : "");
+                        "as c_attn, c_proj, c_fc in GPT-2%s", p->targets[0], p->targets[1] ? ", ..." : "",
+                        p->nlayers ? " in the layers of layers_to_transform (and layers_pattern)" : "",
+                        p->exclude ? " (and exclude_modules leaves out those it names)" : "");
     return DT_OK;
 }

@@ -19,7 +19,10 @@
  *  - target_modules as PEFT's regular expression (tests/data/lora/
  *    gemma3_mm_regex): the file's layers adapted, PEFT's logits within 1e-5
  *    of the largest, patterns that do not match an adapter whole, or that
- *    the regex dialect lacks, refused by name. */
+ *    the regex dialect lacks, refused by name;
+ *  - rank_pattern and alpha_pattern (pat_), exclude_modules (excl_): PEFT's
+ *    losses, adapters and merge with each layer's own rank and scaling, or
+ *    without the excluded layer. */
 #include "ckpt/ckpt_view.h"
 #include "model_util.h"
 #include "test.h"
@@ -370,7 +373,13 @@ TEST(bad_adapters)
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
          "\"layers_to_transform\": 1, \"layers_pattern\": 5}", "layers_pattern"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
-         "\"rank_pattern\": {\"q_proj\": 8}}", "rank_pattern"},
+         "\"rank_pattern\": {\"q_proj\": 0}}", "rank_pattern key \"q_proj\""},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"rank_pattern\": [4]}", "rank_pattern"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"alpha_pattern\": {\"(q_proj\": 8}}", "alpha_pattern key \"(q_proj\""},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+         "\"exclude_modules\": 5}", "exclude_modules"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"some\"}",
          "bias"},
         {"[1, 2]", "not a JSON object"},
@@ -793,6 +802,13 @@ static void peft_case(const char *base, const char *bf1, const char *bf2, const 
     ASSERT_OK(dt_lora_peft_config_read(dir, &mine));
     ASSERT(mine.params.dora == dora);
     ASSERT(!r.pc.save_names == !mine.save_names);
+    for (int k = 0; k < 3; k++) { /* rank_pattern, alpha_pattern, exclude_modules written back as read */
+        const char *key = (const char *const[]){"rank_pattern", "alpha_pattern", "exclude_modules"}[k];
+        const char *a = dt_lora_pattern_json(r.pc.pattern, key), *b = dt_lora_pattern_json(mine.pattern, key);
+        ASSERT(!a == !b);
+        if (a && b)
+            ASSERT_STR_EQ(b, a);
+    }
     for (int k = 0; mine.save_names && mine.save_names[k]; k++)
         ASSERT_STR_EQ(mine.save_names[k], r.pc.save_names[k]);
     dt_lora_peft_config_free(&mine);
@@ -810,6 +826,7 @@ static void peft_case(const char *base, const char *bf1, const char *bf2, const 
     ASSERT_OK(dt_hf_config_read(base, &h));
     dt_hf_save_params p = dt_hf_save_params_default();
     p.lora_scaling = dt_lora_scaling(&r.pc.params);
+    p.lora = &r.pc.params; /* each layer's own scaling (rank_pattern, alpha_pattern) */
     ASSERT_OK(dt_hf_save(ck, &h, out, &p));
     snprintf(f, sizeof f, "%s/model.safetensors", out);
     int nm = 0;
@@ -820,6 +837,190 @@ static void peft_case(const char *base, const char *bf1, const char *bf2, const 
     close_run(&r);
     free(ids);
     free(want);
+}
+
+/* The merged export of PEFT's name_after/ with the default scaling for every layer (dt_hf_save_params.lora NULL):
+ * its largest difference from PEFT's merge_and_unload */
+static double merged_default_err(const char *name, const char *bf1, const char *bf2)
+{
+    char after[300], ref[300], ck[400], out[400], f[500];
+    snprintf(after, sizeof after, LORA "%s_after", name);
+    snprintf(ref, sizeof ref, LORA "%s_ref.safetensors", name);
+    snprintf(ck, sizeof ck, "%s/%s_ck_default", t_tmpdir("lora_peft"), name);
+    snprintf(out, sizeof out, "%s/%s_merged_default", t_tmpdir("lora_peft"), name);
+    run r;
+    if (open_run(&r, after) != 0)
+        return -1;
+    model_ckpt(r.m, ck);
+    dt_hf_config h;
+    dt_hf_save_params p = dt_hf_save_params_default();
+    p.lora_scaling = dt_lora_scaling(&r.pc.params);
+    if (dt_hf_config_read(HF, &h) < 0 || dt_hf_save(ck, &h, out, &p) < 0) {
+        close_run(&r);
+        return -1;
+    }
+    close_run(&r);
+    snprintf(f, sizeof f, "%s/model.safetensors", out);
+    int nm = 0;
+    double moved;
+    return merged_err(ref, f, bf1, bf2, &nm, &moved);
+}
+
+/* PEFT's adapter directory src with adapter_config.json's key `drop` removed, as dir */
+static void copy_without(const char *src, const char *dir, const char *drop)
+{
+    char f[600], *txt = NULL;
+    size_t n = 0;
+    ASSERT_EQ_INT(mkdir(dir, 0755), 0);
+    snprintf(f, sizeof f, "%s/adapter_config.json", src);
+    ASSERT_OK(dt_file_read_all(f, 1 << 20, &txt, &n));
+    cJSON *c = cJSON_Parse(txt);
+    free(txt);
+    cJSON_DeleteItemFromObjectCaseSensitive(c, drop);
+    char *out = cJSON_Print(c);
+    snprintf(f, sizeof f, "%s/adapter_config.json", dir);
+    ASSERT(out && dt_file_write_atomic(f, out, strlen(out), 0644) >= 0);
+    cJSON_free(out);
+    cJSON_Delete(c);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", src);
+    ASSERT_OK(dt_file_read_all(f, 1 << 24, &txt, &n));
+    char g[600];
+    snprintf(g, sizeof g, "%s/adapter_model.safetensors", dir);
+    ASSERT(txt && dt_file_write_atomic(g, txt, n, 0644) >= 0);
+    free(txt);
+}
+
+/* rank_pattern {"q_proj": 4, "model.layers.1.self_attn.v_proj": 2} and alpha_pattern {"o_proj": 32} over r 3,
+ * lora_alpha 6 on q_proj, v_proj, o_proj (PEFT's pat_ files): each layer its own rank and scaling (q_proj 6/4, layer
+ * 1's v_proj 6/2, o_proj 32/3, layer 0's v_proj 6/3); PEFT's losses, adapters and merge (peft_case). Without
+ * the patterns it would not be: the default scaling's merge is far from PEFT's, the file without rank_pattern is
+ * refused naming a tensor and both ranks, without alpha_pattern the losses part from PEFT's. */
+TEST(rank_alpha_pattern)
+{
+    const char *bf1 = HF "/model-00001-of-00002.safetensors", *bf2 = HF "/model-00002-of-00002.safetensors";
+    peft_case(HF, bf1, bf2, "pat", 12, 6, 1e-4);
+    run r;
+    ASSERT_EQ_INT(open_run(&r, LORA "pat_init"), 0);
+    static const struct {
+        const char *layer;
+        int64_t r;
+        float s;
+    } want[] = {{"model.layers.0.self_attn.q_proj", 4, 1.5f}, {"model.layers.1.self_attn.q_proj", 4, 1.5f},
+                {"model.layers.0.self_attn.v_proj", 3, 2.0f}, {"model.layers.1.self_attn.v_proj", 2, 3.0f},
+                {"model.layers.0.self_attn.o_proj", 3, 32.0f / 3}, {"model.layers.1.self_attn.o_proj", 3, 32.0f / 3}};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        int64_t rl = 0;
+        float sl = 0;
+        char a[300];
+        ASSERT_OK(dt_lora_layer_scaling(&r.pc.params, want[k].layer, &rl, &sl));
+        ASSERT(rl == want[k].r && fabsf(sl - want[k].s) <= 1e-6f * want[k].s);
+        snprintf(a, sizeof a, "%s.lora_A.weight", want[k].layer);
+        const int64_t e = dt_model_find_entry(r.m, a);
+        dt_param_info pi;
+        ASSERT(e >= 0 && dt_model_entry(r.m, (size_t)e, &pi) >= 0 && pi.shape[0] == want[k].r);
+    }
+    ASSERT_EQ_U64(dt_lora_pattern_warn(r.pc.pattern, &r.pc.params), 0); /* every key named a layer */
+    dt_lora_params rs = r.pc.params; /* rsLoRA with patterns (PEFT allows it): alpha_l / sqrt(r_l) */
+    rs.rslora = true;
+    float srs = 0;
+    ASSERT_OK(dt_lora_layer_scaling(&rs, "model.layers.1.self_attn.v_proj", NULL, &srs));
+    ASSERT(fabsf(srs - 6.0f / sqrtf(2.0f)) <= 1e-6f);
+    close_run(&r);
+    double de = merged_default_err("pat", bf1, bf2);
+    fprintf(stderr, "  pat merged with the default scaling alpha/r for every layer: %.3g from PEFT's\n", de);
+    ASSERT(de > 1e-3);
+
+    char d[400];
+    snprintf(d, sizeof d, "%s/pat_no_rank", t_tmpdir("lora_peft"));
+    copy_without(LORA "pat_init", d, "rank_pattern");
+    dt_lora_peft_config pc;
+    ASSERT_EQ_INT(dt_lora_peft_config_read(d, &pc), DT_ERR_MISMATCH);
+    ASSERT_STR_CONTAINS(dt_last_error(), "q_proj.lora_");
+    ASSERT_STR_CONTAINS(dt_last_error(), "not of rank 3");
+    ASSERT_STR_CONTAINS(dt_last_error(), "rank 4");
+    /* a rank_pattern the file disagrees with: both ranks named, with rank_pattern */
+    char f[500];
+    snprintf(f, sizeof f, "%s/adapter_config.json", d);
+    char *txt = NULL;
+    size_t n = 0;
+    ASSERT_OK(dt_file_read_all(f, 1 << 20, &txt, &n));
+    cJSON *c = cJSON_Parse(txt);
+    free(txt);
+    cJSON_AddItemToObject(c, "rank_pattern", cJSON_Parse("{\"q_proj\": 4, \"v_proj\": 5}"));
+    char *js = cJSON_Print(c);
+    ASSERT_OK(dt_file_write_atomic(f, js, strlen(js), 0644));
+    cJSON_free(js);
+    cJSON_Delete(c);
+    ASSERT_EQ_INT(dt_lora_peft_config_read(d, &pc), DT_ERR_MISMATCH);
+    ASSERT_STR_CONTAINS(dt_last_error(), "v_proj.lora_");
+    ASSERT_STR_CONTAINS(dt_last_error(), "not of rank 5 (\"rank_pattern\"");
+
+    snprintf(d, sizeof d, "%s/pat_no_alpha", t_tmpdir("lora_peft"));
+    copy_without(LORA "pat_init", d, "alpha_pattern");
+    size_t nid = 0, nl = 0;
+    int64_t *ids = t_read_tensor(LORA "pat_ref.safetensors", "input_ids", &nid);
+    float *losses = t_read_tensor(LORA "pat_ref.safetensors", "loss", &nl);
+    ASSERT(ids && losses && nid == 68 && nl == 10);
+    ASSERT_EQ_INT(open_run(&r, d), 0);
+    double worst = 0;
+    adamw_steps(&r, ids, losses, &worst);
+    fprintf(stderr, "  pat without alpha_pattern: losses up to %.3g from PEFT's\n", worst);
+    ASSERT(worst > 1e-4);
+    close_run(&r);
+    free(ids);
+    free(losses);
+}
+
+/* exclude_modules as PEFT's regular expression (layer 1's q_proj) over q_proj and v_proj (PEFT's excl_ files):
+ * that layer has no adapters, PEFT's losses, adapters and merge (peft_case); as a list, by a name's end; a list
+ * that excludes nothing is warned of (its count), an exclusion leaving no layer refused. */
+TEST(exclude_modules)
+{
+    peft_case(HF, HF "/model-00001-of-00002.safetensors", HF "/model-00002-of-00002.safetensors", "excl", 6, 4, 1e-4);
+    run r;
+    ASSERT_EQ_INT(open_run(&r, LORA "excl_init"), 0);
+    ASSERT(dt_model_find_entry(r.m, "model.layers.1.self_attn.q_proj.lora_A.weight") < 0);
+    ASSERT(dt_model_find_entry(r.m, "model.layers.0.self_attn.q_proj.lora_A.weight") >= 0);
+    ASSERT(dt_model_find_entry(r.m, "model.layers.1.self_attn.v_proj.lora_A.weight") >= 0);
+    close_run(&r);
+    static const struct {
+        const char *exclude;
+        int want; /* adapted layers, -1 refused */
+        size_t warns;
+    } cases[] = {
+        {"[\"self_attn.q_proj\"]", 2, 0},            /* a name's end: both q_proj */
+        {"[\"layers.0.self_attn.v_proj\", \"x\"]", 3, 0},
+        {"[\"q\"]", 4, 1},                           /* not a whole part: nothing excluded, warned */
+        {"\"model\\\\.layers\\\\.[01]\\\\..*\"", -1, 0}, /* every layer */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        dt_lora_pattern *pt = NULL;
+        ASSERT_OK(dt_lora_pattern_init(NULL, NULL, cases[k].exclude, &pt));
+        dt_lora_params lp = dt_lora_params_default();
+        lp.targets = (const char *const[]){"q_proj", "v_proj", NULL};
+        dt_lora_pattern_use(pt, &lp);
+        dt_model_config c = dt_model_config_default();
+        c.build.lora = &lp;
+        dt_model *m = NULL;
+        dt_status st = dt_model_create("llama-tiny", 1, &c, &m, NULL);
+        if (cases[k].want < 0) {
+            ASSERT_EQ_INT(st, DT_ERR_NOT_FOUND);
+            ASSERT_STR_CONTAINS(dt_last_error(), "exclude_modules");
+        } else {
+            ASSERT_OK(st);
+            int n = 0;
+            for (size_t e = 0; m && e < dt_model_num_entries(m); e++) {
+                dt_param_info pi;
+                dt_model_entry(m, e, &pi);
+                n += strstr(pi.name, ".lora_A.weight") != NULL;
+            }
+            fprintf(stderr, "  exclude %s: %d adapted layers\n", cases[k].exclude, n);
+            ASSERT_EQ_INT(n, cases[k].want);
+            ASSERT_EQ_U64(dt_lora_pattern_warn(pt, &lp), cases[k].warns);
+        }
+        dt_model_free(m);
+        dt_lora_pattern_free(pt);
+    }
 }
 
 /* DoRA's form under active lora_dropout (PEFT's: base(x) + (m/n - 1) W x' + m/n s B(A(x')), x' = dropout(x))
@@ -971,6 +1172,8 @@ int main(void)
     RUN(dora_dropout_form);
     RUN(modules_to_save);
     RUN(bias_all);
+    RUN(rank_alpha_pattern);
+    RUN(exclude_modules);
     RUN(layers_to_transform);
     RUN(all_linear);
     RUN(merged_export);

@@ -14,7 +14,9 @@
  *  - DoRA (--lora-dora) through the same paths, under ZeRO-3, and its refusals;
  *  - LoRA, DoRA and --freeze under --precision bf16;
  *  - --lora-modules-to-save (PEFT's modules_to_save), a tied head included, and its refusals;
- *  - --lora-layers-to-transform (PEFT's layers_to_transform), --lora-bias (PEFT's bias). */
+ *  - --lora-layers-to-transform (PEFT's layers_to_transform), --lora-bias (PEFT's bias);
+ *  - --lora-rank-pattern, --lora-alpha-pattern, --lora-exclude-modules (PEFT's rank_pattern, alpha_pattern,
+ *    exclude_modules) through the same paths, and their refusals. */
 // dt-test-timeout: 600
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
@@ -468,7 +470,8 @@ TEST(dora_cli)
     cli_runv(&r, 60, NULL, alone);
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--lora-dora, --lora-modules-to-save, --lora-layers-to-transform, "
-                               "--lora-layers-pattern and --lora-bias go with --lora-targets");
+                               "--lora-layers-pattern, --lora-bias, --lora-rank-pattern, --lora-alpha-pattern and "
+                               "--lora-exclude-modules go with --lora-targets");
     char *tp[] = {GPT, LORA_FLAGS, "--lora-dora", "--no-eval", "--max-steps", "1", "--tp", "2", NULL};
     cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp});
     ASSERT_EQ_INT(r.code, 2);
@@ -697,6 +700,171 @@ TEST(bias_cli)
     ASSERT_STR_CONTAINS(r.err, "--lora-dropout 0 --lora-bias lora_only");
 }
 
+/* `dtrain eval` of hf:<the golden Llama> with args (NULL-terminated) on tokens.bin: its loss, NAN on failure */
+static double llama_eval(char **args)
+{
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    char *argv[32] = {"eval", "--data", tok, "--seq", "16", "--batch", "2", "--json", "--threads", "1"};
+    int n = 10;
+    for (int k = 0; args[k] && n < 31; k++)
+        argv[n++] = args[k];
+    argv[n] = NULL;
+    cli_result r;
+    cli_runv(&r, 120, NULL, argv);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    return r.code ? NAN : json_loss(r.out);
+}
+
+/* --lora-rank-pattern, --lora-alpha-pattern, --lora-exclude-modules (PEFT's rank_pattern, alpha_pattern,
+ * exclude_modules) on the golden Llama: each layer its rank (the trained elements count them), the excluded layer
+ * none; --save-lora writes them; eval --ckpt (the checkpoint keeps them), the --save-hf merge (each layer its own
+ * scaling), ckpt convert --hf of the checkpoint and eval/generate --lora-from of the saved directory all give the
+ * run's final evaluation; an unmatched key is warned of; --resume with other flags refused naming them; bad JSON, a
+ * value out of range, a bad regular expression and a file whose tensor is not its pattern's rank exit 2 */
+TEST(patterns_cli)
+{
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    const char *ck = cli_path("p_ck"), *ad = cli_path("p_ad"), *merged = cli_path("p_merged");
+    const char *conv = cli_path("p_conv"), *metrics = cli_path("p_m.jsonl");
+#define PAT_RUN "train", "--model", "hf:" HF, "--data", tok, "--seq", "16", "--batch", "2", "--threads", "1", \
+                "--optimizer", "adamw", "--lr", "0.01", "--lora-targets", "q_proj,v_proj,o_proj", "--lora-r", "3", \
+                "--lora-alpha", "6"
+    char *run[] = {PAT_RUN, "--lora-rank-pattern", "{\"q_proj\": 4, \"model.layers.1.self_attn.v_proj\": 2, "
+                   "\"nomatch\": 5}", "--lora-alpha-pattern", "{\"o_proj\": 32}", "--lora-exclude-modules",
+                   "layers.0.self_attn.o_proj", "--val-data", tok, "--max-steps", "4", "--eval-every", "4",
+                   "--metrics", (char *)metrics, "--save", (char *)ck, "--save-hf", (char *)merged, "--save-lora",
+                   (char *)ad, NULL};
+    cli_result r;
+    cli_runv(&r, 300, NULL, run);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    /* q_proj 2 x 4 x (32 + 48), v_proj 3 x (32 + 24) and 2 x (32 + 24), layer 1's o_proj 3 x (48 + 32) */
+    ASSERT_STR_CONTAINS(r.out, "1160 elements train");
+    ASSERT_STR_CONTAINS(r.out, "per layer by rank_pattern, alpha_pattern");
+    ASSERT_STR_CONTAINS(r.err, "rank_pattern key \"nomatch\" matches no adapted layer");
+    const double trained = last_eval_loss(metrics);
+    ASSERT(isfinite(trained));
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_config.json", ad);
+    char *cfg = t_slurp(f, NULL);
+    cJSON *cj = cfg ? cJSON_Parse(cfg) : NULL;
+    char *rp = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cj, "rank_pattern"));
+    char *ap = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cj, "alpha_pattern"));
+    char *ex = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cj, "exclude_modules"));
+    ASSERT(rp && ap && ex);
+    if (rp && ap && ex) {
+        ASSERT_STR_EQ(rp, "{\"q_proj\":4,\"model.layers.1.self_attn.v_proj\":2,\"nomatch\":5}");
+        ASSERT_STR_EQ(ap, "{\"o_proj\":32}");
+        ASSERT_STR_EQ(ex, "[\"layers.0.self_attn.o_proj\"]");
+    }
+    cJSON_free(rp), cJSON_free(ap), cJSON_free(ex);
+    cJSON_Delete(cj);
+    free(cfg);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
+    dt_ckpt *c = NULL;
+    ASSERT_OK(dt_ckpt_open(f, &c));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(c), 10);
+    ASSERT(dt_ckpt_find(c, "base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight") < 0);
+    dt_ckpt_close(c);
+
+    /* the checkpoint, the merge, its conversion and the saved adapters: the run's model */
+    double l1 = NAN;
+    char *ev[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", NULL};
+    cli_runv(&r, 120, NULL, ev);
+    ASSERT_EQ_INT(r.code, 0);
+    l1 = json_loss(r.out);
+    char hf[400], hf2[400];
+    snprintf(hf, sizeof hf, "hf:%s", merged);
+    snprintf(hf2, sizeof hf2, "hf:%s", conv);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", (char *)conv, (char *)ck, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const double lm = llama_eval((char *[]){"--model", hf, NULL}), lc = llama_eval((char *[]){"--model", hf2, NULL});
+    const double lf = llama_eval((char *[]){"--model", "hf:" HF, "--lora-from", (char *)ad, NULL});
+    const double base = llama_eval((char *[]){"--model", "hf:" HF, NULL});
+    fprintf(stderr, "  patterns: run's final eval %.8f, eval --ckpt %.8f, --save-hf %.8f, ckpt convert --hf %.8f, "
+            "--lora-from %.8f (base %.8f)\n", trained, l1, lm, lc, lf, base);
+    ASSERT(fabs(l1 - trained) <= 1e-6);
+    ASSERT(fabs(lm - l1) <= 1e-5 * l1 && fabs(lc - l1) <= 1e-5 * l1 && fabs(lf - l1) <= 1e-6 * l1);
+    ASSERT(fabs(base - l1) > 1e-3); /* the adapters count */
+    char f2[600];
+    snprintf(f, sizeof f, "%s/model.safetensors", merged);
+    snprintf(f2, sizeof f2, "%s/model.safetensors", conv);
+    ASSERT(same_file(f, f2));
+    char *g1[] = {"generate", "--ckpt", (char *)ck, "--prompt-ids", "1,2,3,4", "--max-new-tokens", "12",
+                  "--temperature", "0", NULL};
+    char *g2[] = {"generate", "--model", "hf:" HF, "--lora-from", (char *)ad, "--prompt-ids", "1,2,3,4",
+                  "--max-new-tokens", "12", "--temperature", "0", NULL};
+    char out1[sizeof r.out];
+    cli_runv(&r, 120, NULL, g1);
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(out1, sizeof out1, "%s", r.out);
+    cli_runv(&r, 120, NULL, g2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_EQ(out1, r.out);
+
+    /* --resume: without flags the checkpoint's patterns; with others refused naming them */
+    char *res[] = {"train", "--model", "hf:" HF, "--data", tok, "--seq", "16", "--batch", "2", "--threads", "1",
+                   "--optimizer", "adamw", "--lr", "0.01", "--max-steps", "5", "--no-eval", "--save", (char *)ck,
+                   "--resume", "auto", NULL};
+    cli_runv(&r, 120, NULL, res);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "1160 elements train");
+    char *other[] = {PAT_RUN, "--max-steps", "6", "--no-eval", "--save", (char *)ck, "--resume", "auto", NULL};
+    cli_runv(&r, 120, NULL, other);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "was trained with --lora-targets q_proj,v_proj,o_proj --lora-r 3 --lora-alpha 6 "
+                               "--lora-dropout 0 --lora-rank-pattern '{\"q_proj\":4,");
+    ASSERT_STR_CONTAINS(r.err, "exclude_modules '[\"layers.0.self_attn.o_proj\"]'");
+
+    /* refusals: exit 2 naming the option and the problem */
+    static const struct {
+        const char *opt, *val, *want;
+    } bad[] = {
+        {"--lora-rank-pattern", "{\"q_proj\": }", "--lora-rank-pattern: rank_pattern: not valid JSON"},
+        {"--lora-rank-pattern", "{\"q_proj\": 0}", "rank_pattern key \"q_proj\": its value must be a rank"},
+        {"--lora-rank-pattern", "{\"q_proj\": 2.5}", "its value must be a rank"},
+        {"--lora-rank-pattern", "[4]", "--lora-rank-pattern: rank_pattern: not a JSON object"},
+        {"--lora-alpha-pattern", "{\"(q_proj\": 2}", "--lora-alpha-pattern: alpha_pattern key \"(q_proj\""},
+        {"--lora-alpha-pattern", "{\"q_proj\": -1}", "its value must be an alpha, a number > 0"},
+        {"--lora-exclude-modules", "q_proj,", "--lora-exclude-modules q_proj,: not a comma-separated list"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char *b[] = {PAT_RUN, (char *)bad[k].opt, (char *)bad[k].val, "--no-eval", "--max-steps", "1", NULL};
+        cli_runv(&r, 60, NULL, b);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, bad[k].want);
+    }
+    char *alone[] = {"train", "--model", "hf:" HF, "--data", tok, "--lora-rank-pattern", "{\"q_proj\": 2}",
+                     "--no-eval", NULL};
+    cli_runv(&r, 60, NULL, alone);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-rank-pattern, --lora-alpha-pattern and --lora-exclude-modules go with");
+    /* every target excluded: refused */
+    char *all[] = {PAT_RUN, "--lora-exclude-modules", "q_proj,v_proj,o_proj", "--no-eval", "--max-steps", "1", NULL};
+    cli_runv(&r, 60, NULL, all);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "exclude_modules leaves out");
+    /* the saved adapters with rank_pattern's q_proj 4 turned to 3: q_proj's tensors are not of rank 3 */
+    const char *bd = cli_path("p_bad");
+    char cmd[1500];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && sed -i 's/\"q_proj\":\t4/\"q_proj\":\t3/' '%s/adapter_config.json'",
+             ad, bd, bd);
+    ASSERT_EQ_INT(system(cmd), 0);
+    char *mism[] = {"train", "--model", "hf:" HF, "--lora-from", (char *)bd, "--data", tok, "--seq", "16", "--batch",
+                    "2", "--max-steps", "1", "--no-eval", "--threads", "1", NULL};
+    cli_runv(&r, 60, NULL, mism);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "q_proj.lora_A.weight' is not of rank 3 (\"rank_pattern\" in adapter_config.json)");
+    ASSERT_STR_CONTAINS(r.err, "rank 4");
+#undef PAT_RUN
+}
+
 int main(void)
 {
     make_tokens();
@@ -707,6 +875,7 @@ int main(void)
     RUN(modules_to_save_cli);
     RUN(layers_to_transform_cli);
     RUN(bias_cli);
+    RUN(patterns_cli);
     RUN(save_lora_zero3);
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
