@@ -35,7 +35,10 @@
  * Qwen2-MoE adds a shared expert (a plain SwiGLU MLP of Linear modules) on
  * every token, times sigmoid(shared_expert_gate(x)) (a fifth op, f32).
  * Every expert runs, with no rows when none is routed to it, so that each
- * parameter's gradient lands every step (DDP's buckets wait for them). */
+ * parameter's gradient lands every step (DDP's buckets wait for them). The
+ * experts' linear layers run marked varying (dt_ctx_set_varying): their row
+ * counts change every step, and a primitive generated per count would cost
+ * more than the products and stay in memory. */
 #include "zoo.h"
 
 #include <math.h>
@@ -379,13 +382,19 @@ static dt_tensor *block_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void
     if (x->dtype != DT_F32) /* the experts in the model's dtype */
         xs = dt_cast(ctx, xs, x->dtype);
     dt_module *experts = dt_module_find_child(self, "experts");
-    for (int64_t j = 0; j < E; j++) {
+    /* each expert's row count changes every step: its products run where no code is generated per shape */
+    const bool vary = dt_ctx_set_varying(ctx, true);
+    int64_t j = 0;
+    for (; j < E; j++) {
         dt_tensor *xj = dt_narrow(ctx, xs, 0, u->p.off[j], u->p.off[j + 1] - u->p.off[j]);
         ys[j] = dt_contiguous(ctx, dt_cast(ctx, dt_module_forward(ctx, dt_module_child(experts, (int)j), xj),
                                            DT_F32));
         if (!ys[j])
-            return NULL;
+            break;
     }
+    dt_ctx_set_varying(ctx, vary);
+    if (j < E)
+        return NULL;
     dt_tensor *y = combine(ctx, join_all(ctx, (int)E, ys), w, u);
     if (y && x->dtype != DT_F32)
         y = dt_cast(ctx, y, x->dtype);

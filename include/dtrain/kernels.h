@@ -121,6 +121,18 @@ DT_API void dt_k_cache_clear(void);
 DT_API dt_status dt_k_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                              const void *A, const void *B, dt_dtype ab_type, float beta, float *C,
                              const float *bias);
+/* Mark the calling thread's following products (every dt_k_matmul* call) as
+ * ones whose M or K changes from call to call, such as the experts of a
+ * mixture-of-experts block, each given the rows routed to it (on), or not
+ * (off, the default); returns the previous setting, to restore. A product
+ * normally gets a primitive of its own shape, generated once and cached (a
+ * new shape costs several times the product, and the cache keeps it); a
+ * varying one runs where no code is generated per shape: bf16 on dtrain's
+ * AMX GEMM where the CPU has AMX (unless DT_AMX_GEMM=off), else on one
+ * oneDNN primitive for all its shapes, M and K given at run time. Results
+ * agree with the per-shape primitives' within the products' rounding (the
+ * sums may be ordered differently). */
+DT_API bool dt_k_matmul_set_varying(bool on);
 /* Batched form: for b in [0, batch): C_b = alpha op(A_b) op(B_b) + beta C_b
  * (+ bias), with A_b = A + b*stride_a elements (likewise B, C). A stride of 0
  * for A or B broadcasts one matrix to the whole batch; stride_c must be

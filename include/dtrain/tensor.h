@@ -315,6 +315,14 @@ DT_API dt_arena *dt_ctx_arena(dt_ctx *ctx);
  * batch_norm, relu, max_pool2d and finally an op that converts (flatten);
  * returns the previous setting so the region can restore it. */
 DT_API bool dt_ctx_set_blocked(dt_ctx *ctx, bool on);
+/* Mark (on) the linear layers (dt_linear, dt_addmm) run in this context
+ * from now on as ones whose row count changes from call to call, such as
+ * the experts of a mixture-of-experts block, each given the rows routed to
+ * it: their products, forward and backward, then run where no code is
+ * generated per shape (dt_k_matmul_set_varying), so new row counts create
+ * nothing. Off by default; returns the previous setting so the region can
+ * restore it. */
+DT_API bool dt_ctx_set_varying(dt_ctx *ctx, bool on);
 /* Scratch memory from the arena, 64-byte aligned, valid until reset. */
 DT_API void *dt_ctx_alloc(dt_ctx *ctx, size_t bytes);
 

@@ -226,8 +226,8 @@ dt_tensor *dt_matmul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
  * (GPT-2's Conv1D), y = x w + b. wt says which (true = [out, in]).
  * saved[0] = X [R, In] (NULL when saved[2], a dt__refetch, fetches it
  * again), saved[1] = W; i[0] = R, i[1] = In, i[2] = Out, i[3] = GEMM
- * dtype, i[4] = wt */
-static dt_status bw_dense(dt_ctx *ctx, dt__node *n, const float *gout, const float *X)
+ * dtype, i[4] = wt, i[5] = the row count varies (dt_ctx_set_varying) */
+static dt_status bw_dense_run(dt_ctx *ctx, dt__node *n, const float *gout, const float *X)
 {
     const float *W = n->saved[1];
     int64_t R = n->i[0], In = n->i[1], Out = n->i[2];
@@ -311,6 +311,16 @@ static dt_status bw_dense(dt_ctx *ctx, dt__node *n, const float *gout, const flo
     return DT_OK;
 }
 
+/* bw_dense_run with the products marked varying where the forward's were */
+static dt_status bw_dense(dt_ctx *ctx, dt__node *n, const float *gout, const float *X)
+{
+    const bool vary = n->i[5] != 0, was = vary && dt_k_matmul_set_varying(true);
+    dt_status st = bw_dense_run(ctx, n, gout, X);
+    if (vary)
+        dt_k_matmul_set_varying(was);
+    return st;
+}
+
 dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt__refetch *r = n->saved[2];
@@ -340,6 +350,36 @@ bool dt__dense_refetch(dt_ctx *ctx, dt_tensor *y, const dt_tensor *x, dt__refetc
     if (cast) /* its backward reads no values */
         dt_arena_give_back(ctx->arena, in->data, dt_tensor_nbytes(in));
     return true;
+}
+
+/* dense's product into out (R x Out, dtype t): x W^T or x W, plus the bias,
+ * marked varying where the context says (dt_ctx_set_varying). false after
+ * an error (reported, naming op). */
+static bool dense_product(dt_ctx *ctx, const char *op, bool wt, int64_t R, int64_t In, int64_t Out, const float *X,
+                          const float *W, const float *Bv, dt_dtype t, dt_tensor *out)
+{
+    const bool vary = ctx->shapes_vary, was = vary && dt_k_matmul_set_varying(true);
+    bool ok = true;
+    float *Y = out->data;
+    if (t != DT_F32 && dt_k_matmul_writes_lp(t)) { /* oneDNN rounds its f32 sums (bias added) into out */
+        ok = dt_k_matmul_batched_lp(false, wt, 1, R, Out, In, 1.0f, X, 0, W, 0, t, out->data, 0, Bv) >= 0;
+    } else if (t != DT_F32) { /* low precision: f32 result in scratch, rounded once */
+        int64_t m = dt_tensor_numel(out);
+        Y = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(float) + 4);
+        ok = Y && dt_k_matmul(false, wt, R, Out, In, 1.0f, X, W, t, 0.0f, Y, Bv) >= 0 && store_lp(out, Y, m);
+    } else if (R == 0 || Out == 0 || In == 0 || /* one oneDNN call with the bias fused, or the reference */
+               dt_k_matmul(false, wt, R, Out, In, 1.0f, X, W, DT_F32, 0.0f, Y, Bv) != DT_OK) {
+        dt__gemm(false, wt, R, Out, In, 1.0f, X, In, W, wt ? In : Out, 0.0f, Y, Out);
+        if (Bv)
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t j = 0; j < Out; j++)
+                    Y[r * Out + j] += Bv[j];
+    }
+    if (vary)
+        dt_k_matmul_set_varying(was);
+    if (!ok && Y)
+        dt_error_wrap(dt_last_status(), "%s", op);
+    return ok;
 }
 
 static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_tensor *x, dt_tensor *w,
@@ -382,29 +422,8 @@ static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_ten
     dt_tensor *out = dt_tensor_empty(ctx, t, x->ndim, sh);
     if (!X || !W || (bias && !Bv) || !out)
         return NULL;
-    float *Y = out->data;
-    if (t != DT_F32 && dt_k_matmul_writes_lp(t)) { /* oneDNN rounds its f32 sums (bias added) into out */
-        if (dt_k_matmul_batched_lp(false, wt, 1, R, Out, In, 1.0f, X, 0, W, 0, t, out->data, 0, Bv) < 0) {
-            dt_error_wrap(dt_last_status(), "%s", op);
-            return NULL;
-        }
-    } else if (t != DT_F32) { /* low precision: f32 result in scratch, rounded once */
-        int64_t m = dt_tensor_numel(out);
-        Y = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(float) + 4);
-        if (!Y)
-            return NULL;
-        if (dt_k_matmul(false, wt, R, Out, In, 1.0f, X, W, t, 0.0f, Y, Bv) < 0 || !store_lp(out, Y, m)) {
-            dt_error_wrap(dt_last_status(), "%s", op);
-            return NULL;
-        }
-    } else if (R == 0 || Out == 0 || In == 0 || /* one oneDNN call with the bias fused, or the reference */
-               dt_k_matmul(false, wt, R, Out, In, 1.0f, X, W, DT_F32, 0.0f, Y, Bv) != DT_OK) {
-        dt__gemm(false, wt, R, Out, In, 1.0f, X, In, W, wt ? In : Out, 0.0f, Y, Out);
-        if (Bv)
-            for (int64_t r = 0; r < R; r++)
-                for (int64_t j = 0; j < Out; j++)
-                    Y[r * Out + j] += Bv[j];
-    }
+    if (!dense_product(ctx, op, wt, R, In, Out, X, W, Bv, t, out))
+        return NULL;
     dt_tensor *in[3] = {x, w, bias};
     int nin = bias ? 3 : 2;
     if (dt__ag_wants(ctx, nin, in)) {
@@ -418,6 +437,7 @@ static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_ten
         n->i[2] = Out;
         n->i[3] = t;
         n->i[4] = wt;
+        n->i[5] = ctx->shapes_vary;
         /* grad_lp: a producer's shadow of the gradient saves its pass; bw_dense reads it alone */
         n->glp_want = n->glp_alone = t != DT_F32;
         n->glp_dtype = t;

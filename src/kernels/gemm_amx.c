@@ -1266,6 +1266,14 @@ bool dt__amx_active(const char **why)
     return g_sel > 0;
 }
 
+bool dt__amx_use_any(void)
+{
+    if (!dt__amx_tiles_hw(NULL))
+        return false;
+    pthread_once(&g_sel_once, select_read);
+    return g_sel >= 0;
+}
+
 bool dt__amx_use(int64_t M, int64_t N, int64_t K)
 {
     if (!dt__amx_tiles_hw(NULL))

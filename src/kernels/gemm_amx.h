@@ -92,6 +92,10 @@ bool dt__amx_active(const char **why);
  * the real instructions usable, and DT_AMX_GEMM=on, or auto (the default)
  * and dt__amx_auto_picks. */
 bool dt__amx_use(int64_t M, int64_t N, int64_t K);
+/* Whether the AMX GEMM may run bf16 products of any shape: the real
+ * instructions usable and DT_AMX_GEMM not off (products of varying shapes,
+ * matmul.c). */
+bool dt__amx_use_any(void);
 
 /* auto's rule, alone (for tests): at least 2^27 multiply-adds and every
  * dimension at least 256 (see gemm_amx.c for the measurements). */

@@ -53,7 +53,24 @@
  * the cached primitive, whose B descriptor has that stride) and multiplies
  * the copy: the same products in the same order, so the same result;
  * except where oneDNN runs avx512_core_amx, whose f32 kernels read such a
- * B faster in place (pad_b). */
+ * B faster in place (pad_b).
+ *
+ * Shapes that vary (dt_k_matmul_set_varying): a mixture-of-experts block
+ * gives each expert the rows routed to it, a different count every step (M
+ * of its forward and input gradient, K of its weight gradient). A primitive
+ * per shape would be generated code per shape: on a Xeon with AMX, 2
+ * threads, bf16 256 x 384 x 512 took 0.14-0.2 ms a call once created, 0.76
+ * ms on a new M and 3.8 ms on a new K (the weight gradient), and each one
+ * stays cached, so a Qwen3-MoE-like model's step spent about a third of its
+ * time creating primitives and its memory grew every step. Products the
+ * calling thread marks as varying run where nothing is generated per shape:
+ * bf16 on dtrain's AMX GEMM where it runs (it takes any shape), else one
+ * oneDNN primitive for all M and K of a (transposes, N, dtypes, alpha,
+ * beta, bias) with M, K and the strides that follow given at run time
+ * (oneDNN's gemm-based matmul, its kernels generated once per ISA; bf16
+ * widened to f32 in the entry's scratch where oneDNN has no bf16 matmul);
+ * where oneDNN has no such primitive at all they run as any other
+ * product. */
 #include "kernels/gemm_amx.h"
 #include "kernels_impl.h"
 
@@ -74,7 +91,7 @@ typedef struct mm_entry {
     bool emulate;               /* bf16 widened to f32 */
     bool bias_post;             /* bias added by a binary post-op (alpha != 1) */
     int64_t a_elems, b_elems;   /* elements to widen when emulating */
-    float *scratch;             /* a_elems + b_elems floats, emulation only */
+    float *scratch;             /* a_elems + b_elems floats, emulation only (varying: a_elems floats, its size) */
     int64_t pad_rows, pad_cols; /* B copied into rows of pad_cols + PAD_EXTRA floats (0: not padded) */
     float *pad;                 /* that copy */
     int64_t split;              /* columns per call of a split product (0: one call), see split_n */
@@ -278,14 +295,15 @@ out:
 /* e's primitive on stream, waited for, over the operands at a, b, C (and
  * bias). No dt_error here: slabs run it on other threads, whose messages
  * are their own; the caller reports. */
-static dnnl_status_t mm_exec_on(const mm_entry *e, dnnl_engine_t eng, dnnl_stream_t stream, const void *a,
-                                const void *b, void *C, const float *bias, float beta)
+static dnnl_status_t mm_exec_mds(const mm_entry *e, const dnnl_memory_desc_t *amd, const dnnl_memory_desc_t *bmd,
+                                 const dnnl_memory_desc_t *cmd, dnnl_engine_t eng, dnnl_stream_t stream,
+                                 const void *a, const void *b, void *C, const float *bias, float beta)
 {
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
     dnnl_status_t ds;
-    if ((ds = dnnl_memory_create(&ma, &e->a_md, eng, (void *)a)) != dnnl_success ||
-        (ds = dnnl_memory_create(&mb, &e->b_md, eng, (void *)b)) != dnnl_success ||
-        (ds = dnnl_memory_create(&mc, &e->c_md, eng, C)) != dnnl_success ||
+    if ((ds = dnnl_memory_create(&ma, amd, eng, (void *)a)) != dnnl_success ||
+        (ds = dnnl_memory_create(&mb, bmd, eng, (void *)b)) != dnnl_success ||
+        (ds = dnnl_memory_create(&mc, cmd, eng, C)) != dnnl_success ||
         (bias && (ds = dnnl_memory_create(&mbias, &e->bias_md, eng, (void *)bias)) != dnnl_success))
         goto out;
     int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
@@ -308,6 +326,12 @@ out:
     if (mbias)
         dnnl_memory_destroy(mbias);
     return ds;
+}
+
+static dnnl_status_t mm_exec_on(const mm_entry *e, dnnl_engine_t eng, dnnl_stream_t stream, const void *a,
+                                const void *b, void *C, const float *bias, float beta)
+{
+    return mm_exec_mds(e, &e->a_md, &e->b_md, &e->c_md, eng, stream, a, b, C, bias, beta);
 }
 
 /* ---- slabs -------------------------------------------------------------------- */
@@ -515,8 +539,99 @@ static dt_status mm_exec(const mm_entry *e, const void *a, const void *b, void *
     return ds == dnnl_success ? DT_OK : dt__dnnl_err(ds, "dt_k_matmul");
 }
 
+/* The calling thread's products vary in shape (dt_k_matmul_set_varying; see the top). */
+static _Thread_local bool g_vary;
+
+bool dt_k_matmul_set_varying(bool on)
+{
+    const bool was = g_vary;
+    g_vary = on;
+    return was;
+}
+
 /* Whether the product runs on dtrain's AMX GEMM (gemm_amx.c). */
-static bool mm_amx(dt_dtype t, int64_t M, int64_t N, int64_t K) { return t == DT_BF16 && dt__amx_use(M, N, K); }
+static bool mm_amx(dt_dtype t, int64_t M, int64_t N, int64_t K)
+{
+    return t == DT_BF16 && (dt__amx_use(M, N, K) || (g_vary && dt__amx_use_any()));
+}
+
+/* A 2-D product of a varying shape (M, K > 0) on the one primitive of its
+ * kind with M and K given at run time (see the top). DT_ERR_UNSUPPORTED
+ * where oneDNN has none (remembered: the next call answers at once); the
+ * caller then runs it as any other product. */
+static dt_status mm_run_varying(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                                const void *B, dt_dtype t, float beta, void *C, dt_dtype ct, const float *bias)
+{
+    dt__key key;
+    memset(&key, 0, sizeof key);
+    int64_t *k = key.v;
+    k[0] = 0x4d52; /* 'MR' */
+    k[1] = ta;
+    k[2] = tb;
+    k[5] = N;
+    k[10] = t;
+    k[11] = fbits(alpha);
+    k[12] = fbits(beta);
+    k[13] = bias != NULL;
+    k[14] = ct;
+    mm_entry *e = dt__cache_get(&key);
+    if (!e) {
+        if (!(e = calloc(1, sizeof *e)))
+            return dt_error(DT_ERR_NO_MEMORY, "dt_k_matmul: out of memory");
+        pthread_mutex_init(&e->lock, NULL);
+        const int64_t rt = DNNL_RUNTIME_DIM_VAL;
+        dt_status st = mm_build(e, ta, tb, 1, rt, N, rt, 0, 0, 0, dnnl_type(t), alpha, beta, bias != NULL, 0, 0, 0,
+                                dnnl_type(ct));
+        if (st == DT_ERR_UNSUPPORTED && t != DT_F32 && ct == DT_F32) { /* widened to f32, as elsewhere */
+            e->emulate = true;
+            st = mm_build(e, ta, tb, 1, rt, N, rt, 0, 0, 0, dnnl_f32, alpha, beta, bias != NULL, 0, 0, 0, dnnl_f32);
+        }
+        if (st < 0 && st != DT_ERR_UNSUPPORTED) {
+            mm_entry_free(e);
+            return st;
+        }
+        if (st < 0 && e->prim) { /* (not expected: an unimplemented primitive is never created) */
+            dnnl_primitive_destroy(e->prim);
+            e->prim = NULL;
+        }
+        if (!(e = dt__cache_put(&key, e, mm_entry_free))) /* without a primitive: none for this kind */
+            return dt_last_status();
+    }
+    if (!e->prim)
+        return DT_ERR_UNSUPPORTED;
+    const dnnl_data_type_t at = e->emulate ? dnnl_f32 : dnnl_type(t);
+    dnnl_memory_desc_t amd, bmd, cmd; /* this call's shape */
+    mat_md(&amd, 0, 1, 0, M, K, ta, at, 0);
+    mat_md(&bmd, 0, 1, 0, K, N, tb, at, 0);
+    mat_md(&cmd, 0, 1, 0, M, N, false, dnnl_type(ct), 0);
+    dnnl_engine_t eng = dt__dnnl_engine();
+    dnnl_stream_t stream = eng ? dt__dnnl_stream() : NULL;
+    if (!stream)
+        return dt_last_status();
+    if (e->emulate) { /* the widened operands in the entry's scratch, grown as shapes need */
+        pthread_mutex_lock(&e->lock);
+        const int64_t need = M * K + K * N;
+        if (need > e->a_elems) {
+            dt_free(e->scratch);
+            e->a_elems = 0;
+            if (!(e->scratch = dt_alloc((size_t)need * sizeof(float)))) {
+                pthread_mutex_unlock(&e->lock);
+                return dt_error(DT_ERR_NO_MEMORY, "dt_k_matmul: out of memory widening a %lld x %lld x %lld product",
+                                (long long)M, (long long)N, (long long)K);
+            }
+            e->a_elems = need;
+        }
+        dt_k_convert(A, t, e->scratch, DT_F32, M * K);
+        dt_k_convert(B, t, e->scratch + M * K, DT_F32, K * N);
+        A = e->scratch;
+        B = e->scratch + M * K;
+    }
+    dt__dnnl_set_threads();
+    dnnl_status_t ds = mm_exec_mds(e, &amd, &bmd, &cmd, eng, stream, A, B, C, bias, beta);
+    if (e->emulate)
+        pthread_mutex_unlock(&e->lock);
+    return ds == dnnl_success ? DT_OK : dt__dnnl_err(ds, "dt_k_matmul");
+}
 
 /* The product into C of dtype ct: f32, or t itself (beta 0) where
  * mm_direct_lp says oneDNN writes it. finite: NULL, or (on the AMX GEMM
@@ -542,6 +657,9 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
             }
         return DT_OK;
     }
+    if (g_vary && batch == 1 && M > 0 && N > 0 &&
+        (st = mm_run_varying(ta, tb, M, N, K, alpha, A, B, t, beta, Cv, ct, bias)) != DT_ERR_UNSUPPORTED)
+        return st;
     dt__key key;
     memset(&key, 0, sizeof key);
     int64_t *k = key.v;

@@ -69,6 +69,15 @@ bool dt_ctx_set_blocked(dt_ctx *ctx, bool on)
     return old;
 }
 
+bool dt_ctx_set_varying(dt_ctx *ctx, bool on)
+{
+    if (!ctx)
+        return false;
+    bool old = ctx->shapes_vary;
+    ctx->shapes_vary = on;
+    return old;
+}
+
 void *dt_ctx_alloc(dt_ctx *ctx, size_t bytes)
 {
     if (!ctx) {

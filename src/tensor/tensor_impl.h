@@ -22,6 +22,7 @@ struct dt_ctx {
     size_t tape_len, tape_cap;
     bool grad_enabled;
     bool blocked_ok; /* dt_ctx_set_blocked */
+    bool shapes_vary; /* dt_ctx_set_varying */
     bool in_backward;
     /* Re-entrant backward (activation checkpointing): a backward started
      * from a callback while another runs walks only the nodes recorded

@@ -148,6 +148,68 @@ TEST(primitive_cache)
     dt_free(C);
 }
 
+/* Products marked varying (dt_k_matmul_set_varying): f32 and bf16, every
+ * transpose, alpha/beta/bias, over row counts (M) and reductions (K) that
+ * change call to call, each against the reference; at most one primitive
+ * for all the shapes of one kind (none where dtrain's AMX GEMM runs the bf16
+ * ones), and the setting per thread, restored. */
+TEST(matmul_varying_shapes)
+{
+    const int64_t N = 24, Ms[] = {1, 7, 33, 130, 61}, Ks[] = {5, 64, 200, 17, 96};
+    const int64_t MX = 130, KX = 200;
+    float *A = dt_alloc(MX * KX * 4), *B = dt_alloc(KX * N * 4), *C = dt_alloc(MX * N * 4),
+          *R = dt_alloc(MX * N * 4), *bias = dt_alloc(N * 4), *Ar = dt_alloc(MX * KX * 4), *Br = dt_alloc(KX * N * 4);
+    uint16_t *Ah = dt_alloc(MX * KX * 2), *Bh = dt_alloc(KX * N * 2);
+    fill(A, MX * KX, 21);
+    fill(B, KX * N, 22);
+    fill(bias, N, 23);
+    ASSERT_OK(dt_k_f32_to_bf16(A, Ah, MX * KX));
+    ASSERT_OK(dt_k_f32_to_bf16(B, Bh, KX * N));
+    ASSERT_OK(dt_k_bf16_to_f32(Ah, Ar, MX * KX)); /* the bf16 reference sees the rounded inputs */
+    ASSERT_OK(dt_k_bf16_to_f32(Bh, Br, KX * N));
+    ASSERT(!dt_k_matmul_set_varying(true));
+    for (int bf = 0; bf < 2; bf++)
+        for (int kind = 0; kind < 4; kind++) { /* A B, A B^T with bias, A^T B with beta 1, A B alpha 0.5 */
+            const bool ta = kind == 2, tb = kind == 1;
+            const float alpha = kind == 3 ? 0.5f : 1.0f, beta = kind == 2 ? 1.0f : 0.0f;
+            const float *bs = kind == 1 ? bias : NULL;
+            dt_k_stats s0, s1;
+            dt_k_stats_get(&s0);
+            for (int i = 0; i < 5; i++) {
+                const int64_t M = Ms[i], K = Ks[i];
+                fill(C, M * N, 24 + (uint64_t)i);
+                memcpy(R, C, (size_t)(M * N) * 4);
+                ASSERT_OK(dt_k_matmul(ta, tb, M, N, K, alpha, bf ? (const void *)Ah : A, bf ? (const void *)Bh : B,
+                                      bf ? DT_BF16 : DT_F32, beta, C, bs));
+                ref_mm(ta, tb, M, N, K, alpha, bf ? Ar : A, bf ? Br : B, beta, R, bs);
+                for (int64_t j = 0; j < M * N; j++)
+                    if (!(fabsf(C[j] - R[j]) <= 1e-4f + 1e-4f * fabsf(R[j])))
+                        TEST_FAIL_("%s kind %d M %lld K %lld: C[%lld] = %g, want %g", bf ? "bf16" : "f32", kind,
+                                   (long long)M, (long long)K, (long long)j, (double)C[j], (double)R[j]);
+            }
+            dt_k_stats_get(&s1);
+            if (!(s1.primitives_created - s0.primitives_created <= 1))
+                TEST_FAIL_("%s kind %d: %llu primitives for 5 shapes of one kind (at most 1)", bf ? "bf16" : "f32",
+                           kind, (unsigned long long)(s1.primitives_created - s0.primitives_created));
+        }
+    ASSERT(dt_k_matmul_set_varying(false));
+    /* off again: a new shape gets its own primitive */
+    dt_k_stats s0, s1;
+    dt_k_stats_get(&s0);
+    ASSERT_OK(dt_k_matmul(false, false, 11, N, 13, 1.0f, A, B, DT_F32, 0.0f, C, NULL));
+    dt_k_stats_get(&s1);
+    ASSERT_EQ_U64(s1.primitives_created - s0.primitives_created, 1);
+    dt_free(A);
+    dt_free(B);
+    dt_free(C);
+    dt_free(R);
+    dt_free(bias);
+    dt_free(Ar);
+    dt_free(Br);
+    dt_free(Ah);
+    dt_free(Bh);
+}
+
 /* B's rows a multiple of 4 KiB apart and few rows of A: the product runs
  * on a padded copy of B (src/kernels/matmul.c; not where oneDNN runs
  * avx512_core_amx: isa_avx2/test_matmul runs it there). Same values as the
@@ -549,5 +611,6 @@ int main(void)
     RUN(matmul_bf16);
     RUN(primitive_cache);
     RUN(matmul_edge_and_errors);
+    RUN(matmul_varying_shapes);
     return TEST_REPORT();
 }

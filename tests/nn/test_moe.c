@@ -10,6 +10,7 @@
 #include "../autograd/gradcheck.h"
 #include "test.h"
 
+#include "dtrain/kernels.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 
@@ -91,6 +92,46 @@ TEST(mixtral_block_gradients) { check(true, false); }
 TEST(qwen_block_gradients) { check(false, false); }
 TEST(qwen2_shared_expert_gradients) { check(false, true); }
 
+/* The experts' row counts change with the routing: a forward and backward
+ * on other tokens creates no oneDNN primitive once the first has run (the
+ * experts' products run marked varying, dt_ctx_set_varying), and the
+ * context's setting is restored after the block. */
+TEST(varying_rows_create_nothing)
+{
+    dt_llama_config c = tiny(true, false);
+    dt_model_config mc = dt_model_config_default();
+    mc.seq = 6;
+    dt_model *m = NULL;
+    ASSERT_OK(dt_llama_create(&c, 7, &mc, &m, NULL));
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    if (!m || !ctx) {
+        dt_model_free(m);
+        dt_ctx_free(ctx);
+        return;
+    }
+    dt_model_train(m, true);
+    static const int64_t ids[4][6] = {{3, 17, 5, 30, 9, 3}, {1, 1, 2, 8, 31, 0}, {12, 25, 7, 7, 19, 4},
+                                      {30, 29, 28, 27, 26, 25}};
+    dt_k_stats s0, s1;
+    for (int i = 0; i < 4; i++) {
+        if (i == 1)
+            dt_k_stats_get(&s0);
+        dt_tensor *x = dt_tensor_view_of(ctx, (void *)ids[i], DT_I64, 2, (int64_t[]){1, 6});
+        dt_tensor *y = dt_model_forward(ctx, m, x);
+        ASSERT(y != NULL);
+        ASSERT(!dt_ctx_set_varying(ctx, false)); /* the block put the context's setting back */
+        if (y)
+            ASSERT_OK(dt_backward(ctx, dt_sum(ctx, y)));
+        dt_model_zero_grad(m);
+        dt_ctx_reset(ctx);
+    }
+    dt_k_stats_get(&s1);
+    ASSERT_EQ_U64(s1.primitives_created - s0.primitives_created, 0);
+    dt_ctx_free(ctx);
+    dt_model_free(m);
+}
+
 /* dt_llama_config_check's refusals, naming the key */
 TEST(config_checks)
 {
@@ -115,5 +156,6 @@ int main(void)
     RUN(qwen_block_gradients);
     RUN(qwen2_shared_expert_gradients);
     RUN(config_checks);
+    RUN(varying_rows_create_nothing);
     return TEST_REPORT();
 }
