@@ -18,7 +18,8 @@
 #
 # --hf-config FILE: another Llama-family model in place of llama-100m, a
 # transformers config.json (bench/configs/gemma3_100m.json: a Gemma 3 of
-# 77M with sliding windows of 512); the peer's python draws its weights into
+# 77M with sliding windows of 512; bench/configs/qwen3_moe_100m.json: a
+# Qwen3-MoE of 98M, 16 experts, 4 a token); the peer's python draws its weights into
 # a temporary Hugging Face directory that both sides read (dtrain's
 # --model hf:DIR, the peer's from_pretrained). Give such a config no
 # pad_token_id: the bench's random ids hit the padding row, which a fresh

@@ -26,7 +26,9 @@
  *    DT_AMX_GEMM=on asks for it, dt_k_matmul_amx). Their primitives are created
  *    on first use of a (shape, flags, dtype) combination and cached for the
  *    life of the process, so a training loop's steady state creates none
- *    (dt_k_stats_get() proves it). The cache is thread-safe.
+ *    (dt_k_stats_get() proves it); products whose shapes change from call
+ *    to call (dt_k_matmul_set_varying) share one per kind or run on the AMX
+ *    GEMM, which generates nothing per shape. The cache is thread-safe.
  *  - Raw pointers are borrowed for the duration of the call only.
  *
  * Usage

@@ -4,7 +4,9 @@
  * hundreds of microseconds) and cheap to run again, so every primitive is
  * created once per (op, shape, flags, dtype) key and kept for the life of
  * the process. The cache is a small hash table under one mutex; a training
- * loop touches a few dozen keys, so lookups are a few compares. Counters
+ * loop touches a few dozen keys, so lookups are a few compares (products
+ * whose row counts change every step, a mixture-of-experts block's, are
+ * marked varying and share one key per kind: matmul.c). Counters
  * (dt_k_stats) let tests prove the steady state creates nothing. */
 #include "kernels_impl.h"
 
