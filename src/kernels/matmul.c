@@ -539,6 +539,17 @@ static dt_status mm_exec(const mm_entry *e, const void *a, const void *b, void *
     return ds == dnnl_success ? DT_OK : dt__dnnl_err(ds, "dt_k_matmul");
 }
 
+/* A product's cache key: its kind (a tag), shape, strides, dtypes and flags. */
+static dt__key mm_key(int64_t tag, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, int64_t sa,
+                      int64_t sb, int64_t sc, dt_dtype t, float alpha, float beta, const float *bias, dt_dtype ct)
+{
+    dt__key key;
+    memset(&key, 0, sizeof key);
+    const int64_t v[] = {tag, ta, tb, batch, M, N, K, sa, sb, sc, t, fbits(alpha), fbits(beta), bias != NULL, ct};
+    memcpy(key.v, v, sizeof v);
+    return key;
+}
+
 /* The calling thread's products vary in shape (dt_k_matmul_set_varying; see the top). */
 static _Thread_local bool g_vary;
 
@@ -562,18 +573,8 @@ static bool mm_amx(dt_dtype t, int64_t M, int64_t N, int64_t K)
 static dt_status mm_run_varying(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                                 const void *B, dt_dtype t, float beta, void *C, dt_dtype ct, const float *bias)
 {
-    dt__key key;
-    memset(&key, 0, sizeof key);
-    int64_t *k = key.v;
-    k[0] = 0x4d52; /* 'MR' */
-    k[1] = ta;
-    k[2] = tb;
-    k[5] = N;
-    k[10] = t;
-    k[11] = fbits(alpha);
-    k[12] = fbits(beta);
-    k[13] = bias != NULL;
-    k[14] = ct;
+    /* one key for every M and K (their slots and the strides' 0) */
+    const dt__key key = mm_key(0x4d52 /* 'MR' */, ta, tb, 1, 0, N, 0, 0, 0, 0, t, alpha, beta, bias, ct);
     mm_entry *e = dt__cache_get(&key);
     if (!e) {
         if (!(e = calloc(1, sizeof *e)))
@@ -660,24 +661,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
     if (g_vary && batch == 1 && M > 0 && N > 0 &&
         (st = mm_run_varying(ta, tb, M, N, K, alpha, A, B, t, beta, Cv, ct, bias)) != DT_ERR_UNSUPPORTED)
         return st;
-    dt__key key;
-    memset(&key, 0, sizeof key);
-    int64_t *k = key.v;
-    k[0] = 0x4d4d; /* 'MM' */
-    k[1] = ta;
-    k[2] = tb;
-    k[3] = batch;
-    k[4] = M;
-    k[5] = N;
-    k[6] = K;
-    k[7] = sa;
-    k[8] = sb;
-    k[9] = sc;
-    k[10] = t;
-    k[11] = fbits(alpha);
-    k[12] = fbits(beta);
-    k[13] = bias != NULL;
-    k[14] = ct;
+    const dt__key key = mm_key(0x4d4d /* 'MM' */, ta, tb, batch, M, N, K, sa, sb, sc, t, alpha, beta, bias, ct);
     mm_entry *e = dt__cache_get(&key);
     if (!e) {
         e = calloc(1, sizeof *e);
