@@ -658,9 +658,11 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
             }
         return DT_OK;
     }
-    if (g_vary && batch == 1 && M > 0 && N > 0 &&
-        (st = mm_run_varying(ta, tb, M, N, K, alpha, A, B, t, beta, Cv, ct, bias)) != DT_ERR_UNSUPPORTED)
-        return st;
+    if (g_vary && batch == 1 && M > 0 && N > 0) {
+        if ((st = mm_run_varying(ta, tb, M, N, K, alpha, A, B, t, beta, Cv, ct, bias)) != DT_ERR_UNSUPPORTED)
+            return st;
+        st = DT_OK; /* none of its kind: as any other product */
+    }
     const dt__key key = mm_key(0x4d4d /* 'MM' */, ta, tb, batch, M, N, K, sa, sb, sc, t, alpha, beta, bias, ct);
     mm_entry *e = dt__cache_get(&key);
     if (!e) {
