@@ -971,6 +971,18 @@ TEST(rank_alpha_pattern)
     free(losses);
 }
 
+/* The layers m adapts (its lora_A weights). */
+static int adapted_layers(const dt_model *m)
+{
+    int n = 0;
+    for (size_t e = 0; m && e < dt_model_num_entries(m); e++) {
+        dt_param_info pi;
+        dt_model_entry(m, e, &pi);
+        n += strstr(pi.name, ".lora_A.weight") != NULL;
+    }
+    return n;
+}
+
 /* exclude_modules as PEFT's regular expression (layer 1's q_proj) over q_proj and v_proj (PEFT's excl_ files):
  * that layer has no adapters, PEFT's losses, adapters and merge (peft_case); as a list, by a name's end; a list
  * that excludes nothing is warned of (its count), an exclusion leaving no layer refused. */
@@ -1008,12 +1020,7 @@ TEST(exclude_modules)
             ASSERT_STR_CONTAINS(dt_last_error(), "exclude_modules");
         } else {
             ASSERT_OK(st);
-            int n = 0;
-            for (size_t e = 0; m && e < dt_model_num_entries(m); e++) {
-                dt_param_info pi;
-                dt_model_entry(m, e, &pi);
-                n += strstr(pi.name, ".lora_A.weight") != NULL;
-            }
+            const int n = adapted_layers(m);
             fprintf(stderr, "  exclude %s: %d adapted layers\n", cases[k].exclude, n);
             ASSERT_EQ_INT(n, cases[k].want);
             ASSERT_EQ_U64(dt_lora_pattern_warn(pt, &lp), cases[k].warns);
@@ -1122,12 +1129,7 @@ TEST(layers_to_transform)
             continue;
         }
         ASSERT_OK(st);
-        int n = 0;
-        for (size_t e = 0; m && e < dt_model_num_entries(m); e++) {
-            dt_param_info pi;
-            dt_model_entry(m, e, &pi);
-            n += strstr(pi.name, ".lora_A.weight") != NULL;
-        }
+        const int n = adapted_layers(m);
         fprintf(stderr, "  case %zu: %d adapted layers\n", k, n);
         ASSERT_EQ_INT(n, cases[k].want);
         ASSERT(dt_model_find_entry(m, cases[k].one) >= 0);
