@@ -8,7 +8,8 @@
  * integers as -?[0-9]+ (no spaces, no '+', no hex: " -1" once wrapped to
  * 2^64-1), reals as a finite decimal. And the accepted options, written
  * back as --name=value, must parse to the same values. */
-// fuzz-sources: src/base/*.c tools/cli_msg.c src/parallel/compress/comm_hooks.c
+// fuzz-sources: src/base/*.c tools/cli_msg.c src/parallel/compress/comm_hooks.c src/ckpt/lora_pattern.c
+// fuzz-sources: src/data/tok_regex.c src/data/tok_regex_run.c src/data/tok_unicode.c src/data/unicode_gc.c
 // fuzz-libs: -lcjson
 #include "train_args.c" /* the option table, opts[], is static */
 

@@ -5,7 +5,8 @@
 # committed); a crasher is saved as build-fuzz/crash-* and fails the run.
 #
 # Each target names what it is built from in its first lines:
-#   // fuzz-sources: src/base/*.c src/data/*.c   (globs, from the repo root)
+#   // fuzz-sources: src/base/*.c src/data/*.c   (globs, from the repo root;
+#                                                 several such lines add up)
 #   // fuzz-libs: -lz                             (extra link flags)
 # so a target compiles only the parser it tests and what that needs, not
 # the whole library (oneDNN, MPI). A source several targets name is
@@ -46,7 +47,7 @@ HEADERS=(fuzz/*.h include/dtrain/*.h src/*/*.h src/*/*/*.h tools/*.h scripts/fuz
 # A target's sources (its globs expanded), one a line; 1 when a glob matches nothing.
 target_sources() {
   local t=$1 g m
-  for g in $(sed -n 's|^// fuzz-sources: *||p' "$t" | head -1); do
+  for g in $(sed -n 's|^// fuzz-sources: *||p' "$t"); do
     m=($g) # the globs are meant to expand
     [ ${#m[@]} -gt 0 ] && [ -e "${m[0]}" ] || { echo "fuzz: $t: '$g' matches no file" >&2; return 1; }
     printf '%s\n' "${m[@]}"
